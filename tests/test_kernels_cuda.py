@@ -102,3 +102,36 @@ def test_auto_dispatch_uses_triton_on_cuda(monkeypatch):
     q = torch.randn(1, 2, 16, 32, device=DEV, dtype=torch.bfloat16)
     dispatch.tied_attention(q, q.clone(), scale=0.2)
     assert calls == [1]
+
+
+def test_attention_cuda_shared_logits_bf16():
+    """The default CEM layer's call at GPT-2 width: a head-shared extra pair of width 768 with
+    head-summed values (the "logits" path of dispatch.extra_path)."""
+    B, K, L, D, De = 2, 12, 300, 64, 768
+    assert dispatch.extra_path(torch.empty(B, L, De), True, True) == "logits"
+    g = torch.Generator(device=DEV).manual_seed(2)
+    q, kv = torch.randn(2, B, K, L, D, generator=g, device=DEV, dtype=torch.float64)
+    qe, ke = 0.05 * torch.randn(2, B, L, De, generator=g, device=DEV, dtype=torch.float64)
+    sb, cb = torch.randn(2, K, generator=g, device=DEV, dtype=torch.float64)
+    kw = dict(scale=D ** -0.5, alibi=reference.alibi_slopes(K).to(DEV), extra_values=True,
+              extra_head_sum=True)
+    check_flash_criterion(
+        lambda q, kv, qe, ke, sb, cb, **k: ops.tied_attention(q, kv, q_extra=qe, k_extra=ke,
+                                                              self_bias=sb, cross_bias=cb, **k),
+        lambda q, kv, qe, ke, sb, cb, **k: reference.tied_attention(
+            q, kv, q_extra=qe, k_extra=ke, self_bias=sb, cross_bias=cb, **k),
+        [q, kv, qe, ke, sb, cb], kw, torch.bfloat16)
+
+
+def test_auto_dispatch_fuses_the_default_cem_layer(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    from cemlib.kernels import tied_attention_triton
+    from cemlib.layers.cem_attention import CEMAttention
+    calls = []
+    real = tied_attention_triton._Launch.head_sum
+    monkeypatch.setattr(tied_attention_triton._Launch, "head_sum",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    layer = CEMAttention(768, 12, T=2).to(DEV, torch.bfloat16)
+    x = torch.randn(2, 64, 768, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    layer(x).float().square().sum().backward()
+    assert len(calls) >= 2 and torch.isfinite(x.grad).all()

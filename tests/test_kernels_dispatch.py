@@ -157,6 +157,8 @@ def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch):
     (dict(alibi=torch.ones(3)), r"alibi must have shape \(2,\)"),
     (dict(q_extra=torch.randn(1, 5, 4)), "given together"),
     (dict(extra_values=True), "extra_values=True needs"),
+    (dict(q_extra=torch.randn(1, 5, 4), k_extra=torch.randn(1, 5, 4), extra_head_sum=True),
+     "extra_head_sum=True needs extra_values=True"),
     (dict(q_extra=torch.randn(1, 5, 4), k_extra=torch.randn(1, 4, 4)), "k_extra must have shape"),
     (dict(q_extra=torch.randn(1, 3, 5, 4), k_extra=torch.randn(1, 5, 4)), "q_extra must have shape"),
 ])
@@ -180,3 +182,57 @@ def test_mlp_and_preconditioner_reject_bad_input():
     with pytest.raises(ValueError, match=r"need d \(3,\)"):
         dispatch.dplr_precondition(torch.randn(2, 3), torch.randn(4), torch.randn(3, 1),
                                    torch.randn(3, 1))
+
+
+def test_reference_head_sum_is_the_sum_of_the_per_head_extra_values():
+    g = torch.Generator().manual_seed(4)
+    B, K, L, D, De = 2, 3, 9, 4, 6
+    q, kv = torch.randn(2, B, K, L, D, generator=g, dtype=torch.float64)
+    qe, ke = torch.randn(2, B, L, De, generator=g, dtype=torch.float64)
+    kw = dict(scale=0.6, alibi=reference.alibi_slopes(K), q_extra=qe, k_extra=ke,
+              extra_values=True)
+    o, lse, oe = reference.tied_attention(q, kv, **kw)
+    o2, lse2, oe_sum = reference.tied_attention(q, kv, extra_head_sum=True, **kw)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2) and oe_sum.shape == (B, L, De)
+    torch.testing.assert_close(oe_sum, oe.sum(1), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("shape, values, head_sum, path, fused", [
+    (None, False, False, None, True),                # no extra pair
+    ((2, 9, 128), True, False, "tile", True),        # fits one tile: per-head values fine
+    ((2, 3, 9, 64), True, True, "tile", True),       # per-head pair, narrow
+    ((2, 9, 768), True, True, "logits", True),       # the default CEM layer at D_h = 768
+    ((2, 9, 768), False, False, "logits", True),     # diag_grad="paper": logits only
+    ((2, 9, 768), True, False, "tile", False),       # per-head values at width 768: reference
+    ((2, 3, 9, 768), True, True, "tile", False),     # per-head diagonal at width 768: reference
+])
+def test_extra_pair_routing(shape, values, head_sum, path, fused):
+    """Which path the kernels take for the extra pair, and whether "auto" uses them on CUDA."""
+    q = torch.empty(2, 3, 9, 64, dtype=torch.bfloat16)
+    qe = None if shape is None else torch.empty(shape, dtype=torch.bfloat16)
+    assert dispatch.extra_path(qe, values, head_sum) == path
+    assert dispatch.attention_fused(q, qe, values, head_sum) == fused
+    assert not dispatch.attention_fused(q.double(), qe, values, head_sum)  # no float64 kernels
+    assert not dispatch.attention_fused(torch.empty(2, 3, 9, 512), None)  # head width > 256
+
+
+def test_default_cem_layer_calls_the_fusable_attention(monkeypatch):
+    """The default CEM attention layer (shared diagonal, exact, no preconditioner) at GPT-2
+    width asks for head-summed diagonal values, which "auto" fuses on CUDA; with a per-head
+    preconditioner it needs per-head values, which go to the reference at that width."""
+    from cemlib.layers.cem_attention import CEMAttention
+    seen = []
+    real = dispatch.tied_attention
+
+    def spy(q, kv, **kw):
+        seen.append(dispatch.attention_fused(q.to(torch.bfloat16), kw.get("q_extra"),
+                                             kw.get("extra_values", False),
+                                             kw.get("extra_head_sum", False)))
+        return real(q, kv, **kw)
+
+    monkeypatch.setattr(dispatch, "tied_attention", spy)
+    x = torch.randn(1, 4, 768)
+    with torch.no_grad():
+        CEMAttention(768, 12)(x)
+        CEMAttention(768, 12, preconditioner="dplr")(x)
+    assert seen == [True, False]

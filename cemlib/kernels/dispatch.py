@@ -8,8 +8,8 @@ The layers call :func:`tied_attention`, :func:`tied_gated_mlp_step` and
 3. ``"auto"``.
 
 ``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
-call is one the kernels handle efficiently (fp16/bf16/fp32, head width <= 256, extra query/key
-width <= 128); otherwise the reference. ``"reference"`` always uses
+call is one the kernels handle efficiently (fp16/bf16/fp32, head width <= 256, and an extra
+query/key pair that :func:`extra_path` places on a fused path); otherwise the reference. ``"reference"`` always uses
 :mod:`cemlib.kernels.reference`. ``"triton"`` always uses the kernels and raises a clear error
 where they cannot run (no Triton; CPU tensors without ``TRITON_INTERPRET=1``, under which
 Triton's interpreter runs the kernels on CPU, slowly, for testing).
@@ -28,13 +28,15 @@ import torch
 
 from cemlib.kernels import reference
 
-__all__ = ["BACKENDS", "set_backend", "get_backend", "use_backend", "triton_available",
-           "tied_attention", "tied_gated_mlp_step", "dplr_precondition"]
+__all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_backend",
+           "triton_available", "extra_path", "attention_fused", "tied_attention",
+           "tied_gated_mlp_step", "dplr_precondition"]
 
 BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "CEMLIB_KERNELS"
 _backend: str | None = None
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
 
 
 def _check_backend(name, source):
@@ -89,6 +91,36 @@ def _use_triton(x: torch.Tensor, supported: bool) -> bool:
     return True
 
 
+def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str | None:
+    """How the Triton attention handles the extra query/key pair (CEM eq. 12's diagonal term):
+
+    - ``None``: no extra pair;
+    - ``"tile"``: in the kernels' register tiles, next to each head's queries and keys (an
+      extra width up to :data:`MAX_TILE_EXTRA` runs efficiently; wider is correct but spills);
+    - ``"logits"``: a head-shared pair (``q_extra`` of shape (B, L, D_e)) wider than that. Its
+      logits ``scale q_extra k_extra^T`` are the same for every head, so they are one batched
+      GEMM (B, L, L) that the kernels add tile by tile, and the head-summed extra values
+      ``(sum_k P_k) k_extra`` another: O(B L^2) memory instead of the reference's O(B K L^2),
+      and no per-head work at the extra width. It cannot return per-head extra values, so it
+      is used without ``extra_values`` or with ``extra_head_sum``.
+    """
+    if q_extra is None:
+        return None
+    wide = q_extra.shape[-1] > MAX_TILE_EXTRA
+    if wide and q_extra.dim() == 3 and (not extra_values or extra_head_sum):
+        return "logits"
+    return "tile"
+
+
+def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -> bool:
+    """Whether ``"auto"`` sends this attention call to the kernels (on CUDA): fp16/bf16/fp32,
+    head width <= 256, and no extra pair that only the spilling wide-tile path could serve
+    (a per-head pair, or per-head extra values, wider than :data:`MAX_TILE_EXTRA`)."""
+    path = extra_path(q_extra, extra_values, extra_head_sum)
+    return (q.dtype in _KERNEL_DTYPES and q.shape[-1] <= 256
+            and (path != "tile" or q_extra.shape[-1] <= MAX_TILE_EXTRA))
+
+
 def _ops():
     from cemlib.kernels import ops
     return ops
@@ -98,7 +130,8 @@ def _shape(t):
     return tuple(t.shape)
 
 
-def _check_attention(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+def _check_attention(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
+                     extra_head_sum):
     for name, t in (("q", q), ("kv", kv)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor (B, K, L, D_r), got "
@@ -119,6 +152,8 @@ def _check_attention(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extr
         raise ValueError("q_extra and k_extra must be given together")
     if extra_values and k_extra is None:
         raise ValueError("extra_values=True needs q_extra and k_extra")
+    if extra_head_sum and not extra_values:
+        raise ValueError("extra_head_sum=True needs extra_values=True")
     if q_extra is not None:
         if _shape(k_extra)[:2] != (B, L) or k_extra.dim() != 3:
             raise ValueError(f"k_extra must have shape ({B}, {L}, D_e), got {_shape(k_extra)}")
@@ -132,14 +167,14 @@ def _check_attention(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extr
 
 
 def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
-                   k_extra=None, extra_values=False):
+                   k_extra=None, extra_values=False, extra_head_sum=False):
     """Tied causal attention; see :func:`cemlib.kernels.reference.tied_attention`."""
-    _check_attention(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values)
+    _check_attention(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
+                     extra_head_sum)
     kw = dict(scale=scale, alibi=alibi, self_bias=self_bias, cross_bias=cross_bias,
-              q_extra=q_extra, k_extra=k_extra, extra_values=extra_values)
-    supported = (q.dtype in _KERNEL_DTYPES and q.shape[-1] <= 256
-                 and (k_extra is None or k_extra.shape[-1] <= 128))
-    if _use_triton(q, supported):
+              q_extra=q_extra, k_extra=k_extra, extra_values=extra_values,
+              extra_head_sum=extra_head_sum)
+    if _use_triton(q, attention_fused(q, q_extra, extra_values, extra_head_sum)):
         return _ops().tied_attention(q, kv, **kw)
     return reference.tied_attention(q, kv, **kw)
 

@@ -50,18 +50,28 @@ def _lse_dtype(dtype):
 def _attention_fwd(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
                    self_bias: Optional[Tensor], cross_bias: Optional[Tensor],
                    q_extra: Optional[Tensor], k_extra: Optional[Tensor],
-                   extra_values: bool) -> tuple[Tensor, Tensor, Tensor]:
+                   extra_values: bool, extra_head_sum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q):
         return _attn_kernels().attention_forward(q, kv, scale, alibi, self_bias, cross_bias,
-                                                 q_extra, k_extra, extra_values)
+                                                 q_extra, k_extra, extra_values, extra_head_sum)
+
+
+def _keeps_head_extras(q_extra, extra_values, extra_head_sum):
+    """Whether the forward also returns the per-head extra values (for the backward)."""
+    from cemlib.kernels.dispatch import extra_path
+    return extra_head_sum and extra_path(q_extra, extra_values, extra_head_sum) == "tile"
 
 
 @_attention_fwd.register_fake
-def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
+      extra_head_sum):
     B, K, L, _ = q.shape
-    oe = (q.new_empty((B, K, L, k_extra.shape[-1]), dtype=k_extra.dtype) if extra_values
-          else q.new_empty(0))
-    return q.new_empty(q.shape), q.new_empty((B, K, L), dtype=_lse_dtype(q.dtype)), oe
+    De = k_extra.shape[-1] if k_extra is not None else 0
+    heads = k_extra.new_empty((B, K, L, De)) if extra_values else q.new_empty(0)
+    oe = k_extra.new_empty((B, L, De)) if extra_head_sum else heads
+    kept = (heads if _keeps_head_extras(q_extra, extra_values, extra_head_sum)
+            else q.new_empty(0))
+    return q.new_empty(q.shape), q.new_empty((B, K, L), dtype=_lse_dtype(q.dtype)), oe, kept
 
 
 @custom_op("cemlib::tied_attention_bwd", mutates_args=())
@@ -69,49 +79,56 @@ def _attention_bwd(do: Tensor, dlse: Tensor, doe: Tensor, q: Tensor, kv: Tensor,
                    lse: Tensor, oe: Tensor, scale: float, alibi: Optional[Tensor],
                    self_bias: Optional[Tensor], cross_bias: Optional[Tensor],
                    q_extra: Optional[Tensor], k_extra: Optional[Tensor],
-                   extra_values: bool) -> list[Tensor]:
+                   extra_values: bool, extra_head_sum: bool) -> list[Tensor]:
     with _on_device(q):
         grads = _attn_kernels().attention_backward(
             do, dlse, doe if extra_values else None, q, kv, o, lse, oe, scale, alibi, self_bias,
-            cross_bias, q_extra, k_extra, extra_values)
+            cross_bias, q_extra, k_extra, extra_values, extra_head_sum)
     return [g if g is not None else q.new_empty(0) for g in grads]
 
 
 @_attention_bwd.register_fake
 def _(do, dlse, doe, q, kv, o, lse, oe, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
-      extra_values):
+      extra_values, extra_head_sum):
     like = [q, kv, q_extra, k_extra, alibi, self_bias, cross_bias]
     return [t.new_empty(t.shape) if t is not None else q.new_empty(0) for t in like]
 
 
 def _attention_setup(ctx, inputs, output):
-    q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values = inputs
-    o, lse, oe = output
-    ctx.save_for_backward(q, kv, o, lse, oe, alibi, self_bias, cross_bias, q_extra, k_extra)
-    ctx.scale, ctx.extra_values = scale, extra_values
+    q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values, head_sum = inputs
+    o, lse, oe, oe_heads = output
+    # the per-head extra values the backward's Delta needs (empty on the shared-logits path)
+    saved_oe = oe_heads if _keeps_head_extras(q_extra, extra_values, head_sum) else oe
+    ctx.save_for_backward(q, kv, o, lse, saved_oe, alibi, self_bias, cross_bias, q_extra, k_extra)
+    ctx.scale, ctx.extra_values, ctx.extra_head_sum = scale, extra_values, head_sum
 
 
-def _attention_backward(ctx, do, dlse, doe):
+def _attention_backward(ctx, do, dlse, doe, _doe_heads):
     q, kv, o, lse, oe, alibi, self_bias, cross_bias, q_extra, k_extra = ctx.saved_tensors
     do = torch.zeros_like(o) if do is None else do
     dlse = torch.zeros_like(lse) if dlse is None else dlse
-    doe = torch.zeros_like(oe) if doe is None else doe
+    if doe is None and ctx.extra_values:
+        B, K, L, _ = q.shape
+        shape = (B, L, k_extra.shape[-1]) if ctx.extra_head_sum else (B, K, L, k_extra.shape[-1])
+        doe = k_extra.new_zeros(shape)
+    elif doe is None:
+        doe = q.new_empty(0)
     g = _attention_bwd(do, dlse, doe, q, kv, o, lse, oe, ctx.scale, alibi, self_bias, cross_bias,
-                       q_extra, k_extra, ctx.extra_values)
+                       q_extra, k_extra, ctx.extra_values, ctx.extra_head_sum)
     dq, dkv, dqe, dke, dalibi, dself, dcross = [
         gi if t is not None else None
         for gi, t in zip(g, [q, kv, q_extra, k_extra, alibi, self_bias, cross_bias])]
-    return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None
+    return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
 
 
 _attention_fwd.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
 def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
-                   k_extra=None, extra_values=False):
+                   k_extra=None, extra_values=False, extra_head_sum=False):
     """Triton version of :func:`cemlib.kernels.reference.tied_attention` (same contract)."""
-    o, lse, oe = _attention_fwd(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
-                                k_extra, bool(extra_values))
+    o, lse, oe, _ = _attention_fwd(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
+                                   k_extra, bool(extra_values), bool(extra_head_sum))
     return (o, lse, oe) if extra_values else (o, lse)
 
 

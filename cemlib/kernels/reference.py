@@ -72,14 +72,17 @@ def attention_bias(L: int, n_heads: int, *, alibi: torch.Tensor | None = None,
 def tied_attention(q: torch.Tensor, kv: torch.Tensor, *, scale: float,
                    alibi: torch.Tensor | None = None, self_bias: torch.Tensor | None = None,
                    cross_bias: torch.Tensor | None = None, q_extra: torch.Tensor | None = None,
-                   k_extra: torch.Tensor | None = None, extra_values: bool = False):
+                   k_extra: torch.Tensor | None = None, extra_values: bool = False,
+                   extra_head_sum: bool = False):
     """Causal multi-head attention with tied keys and values; returns ``(o, lse[, o_extra])``.
 
     Shapes: ``q`` and ``kv`` (B, K, L, D_r); ``alibi``, ``self_bias``, ``cross_bias`` (K,);
     ``q_extra`` (B, L, D_e) shared by all heads or (B, K, L, D_e) per head; ``k_extra`` (B, L, D_e).
     ``scale`` is 1/tau and multiplies both dot products. Output ``o`` (B, K, L, D_r), ``lse``
     (B, K, L) in float32 or the input dtype if wider; with ``extra_values=True`` also
-    ``o_extra = sum_j alpha_kij k_extra_j`` of shape (B, K, L, D_e) (the "diagonal value path").
+    ``o_extra = sum_j alpha_kij k_extra_j`` of shape (B, K, L, D_e) (the "diagonal value path"),
+    or with ``extra_head_sum=True`` its sum over heads ``sum_k o_extra_k`` (B, L, D_e), computed
+    as ``(sum_k alpha_k) k_extra`` (K times less work at the extra width).
     """
     B, K, L, _ = q.shape
     s = torch.einsum("bkid,bkjd->bkij", q, kv) * scale
@@ -95,6 +98,8 @@ def tied_attention(q: torch.Tensor, kv: torch.Tensor, *, scale: float,
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
     o = torch.einsum("bkij,bkjd->bkid", p.to(kv.dtype), kv)
+    if extra_values and extra_head_sum:
+        return o, lse, torch.matmul(p.sum(1).to(k_extra.dtype), k_extra)
     if extra_values:
         o_extra = torch.einsum("bkij,bjd->bkid", p.to(k_extra.dtype), k_extra)
         return o, lse, o_extra

@@ -16,10 +16,25 @@ and ``d kv`` is the sum of its value role ``P^T do`` and its key role ``scale * 
 accumulated in one register tile (one program per key block). ``dq`` comes from a second kernel
 (one program per query block), which also reduces the row sums needed for the bias gradients.
 
-Tiles: the head width ``D`` and the extra width ``D_e`` are each held in one register tile
-(padded to a power of two, at least 16), so the kernels suit ``D, D_e <= 128``; the dispatcher
-sends wider extra pairs (e.g. the eq. 12 diagonal with ``D_e = D_h = 768``) to the reference.
-Tile sizes are fixed, not autotuned (autotuning cannot run under the interpreter).
+The extra pair takes one of two paths (:func:`cemlib.kernels.dispatch.extra_path`):
+
+- ``"tile"``: ``qe``/``ke`` sit in register tiles next to ``q``/``kv`` (one tile of width
+  ``D_e``, padded to a power of two), as above; efficient for ``D_e <= 128``.
+- ``"logits"``: a head-shared pair wider than that, the default CEM layer's eq. 12 diagonal with
+  ``D_e = D_h`` (768 at GPT-2 width). Its logits ``E = scale qe ke^T`` are the same for every
+  head, so they are one batched GEMM (B, L, L) that the kernels add tile by tile
+  (``HAS_BIAS``), and the layer only needs the head-summed diagonal values
+  ``sum_k P_k ke = A ke`` with ``A = sum_k P_k``, a second GEMM. ``_headsum_kernel`` (one
+  program per (query block, key block, batch), looping over heads) forms ``A`` from the saved
+  lse, and in the backward ``dE = sum_k dS_k``; the gradient ``dA = doe ke^T`` enters every
+  head's ``dP`` (``HAS_DPB``) and its ``Delta`` through ``_rowdot_kernel``
+  (``sum_j P_kij dA_ij``). Then ``dqe = scale dE ke``, ``dke = scale dE^T qe + A^T doe``
+  (``dE`` the gradient of the unscaled logits): GEMMs. Memory is
+  O(B L^2) (the reference's is O(B K L^2)), and no per-head work runs at the width ``D_e``.
+
+Tiles: the head width ``D`` is held in one register tile (padded to a power of two, at least
+16), so the kernels suit ``D <= 256``. Tile sizes are fixed, not autotuned (autotuning cannot run
+under the interpreter).
 
 ``INTERPRET`` records whether Triton runs in interpreter mode (``TRITON_INTERPRET=1``, read when
 the kernels below are decorated); under it bfloat16 is refused, as the interpreter silently
@@ -34,20 +49,33 @@ import torch
 import triton
 import triton.language as tl
 
+from cemlib.kernels.dispatch import extra_path
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 __all__ = ["attention_forward", "attention_backward", "INTERPRET"]
 
 
 @triton.jit
-def _scores(q, kv, qe, ke, offs_m, offs_n, L, scale, slope, b_self, b_cross,
+def _shared_tile(X, b, offs_m, offs_n, L):
+    """Tile (offs_m, offs_n) of batch ``b`` of a head-shared (B, L, L) matrix, 0 outside."""
+    ptr = X + b.to(tl.int64) * L * L + offs_m[:, None] * L + offs_n[None, :]
+    return tl.load(ptr, mask=(offs_m[:, None] < L) & (offs_n[None, :] < L), other=0.0)
+
+
+@triton.jit
+def _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
             HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
-            HAS_EXTRA: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr):
-    """Masked logits s[i, j] of one (BLOCK_M, BLOCK_N) tile; -inf where j > i or j >= L."""
+            HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
+            PREC: tl.constexpr):
+    """Masked logits s[i, j] of one (BLOCK_M, BLOCK_N) tile; -inf where j > i or j >= L.
+    ``HAS_BIAS``: add the tile of ``EB`` (B, L, L), the precomputed scaled extra-pair logits."""
     s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
     if HAS_EXTRA:
         s += tl.dot(qe, tl.trans(ke), out_dtype=ACC, input_precision=PREC)
     s = s * scale
+    if HAS_BIAS:
+        s += _shared_tile(EB, b, offs_m, offs_n, L).to(ACC)
     dist = (offs_m[:, None] - offs_n[None, :]).to(ACC)
     if HAS_ALIBI:
         s = s - slope * dist
@@ -60,10 +88,10 @@ def _scores(q, kv, qe, ke, offs_m, offs_n, L, scale, slope, b_self, b_cross,
 
 
 @triton.jit
-def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, O, OE, LSE,
+def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, O, OE, LSE,
                 n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                 HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
-                HAS_EXTRA: tl.constexpr, EXTRA_VALUES: tl.constexpr, ACC: tl.constexpr,
+                HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr, ACC: tl.constexpr,
                 PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -104,8 +132,8 @@ def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, O, OE, LSE,
         if HAS_EXTRA:
             ke = tl.load(KE + b * L * DE + offs_n[:, None] * DE + offs_e[None, :],
                          mask=col_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
-        s = _scores(q, kv, qe, ke, offs_m, offs_n, L, scale, slope, b_self, b_cross,
-                    HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, ACC, PREC)
+        s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
+                    HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, HAS_BIAS, ACC, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -127,11 +155,11 @@ def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, O, OE, LSE,
 
 
 @triton.jit
-def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, DO, DOE, LSE, DELTA, DKV, DKE,
+def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DELTA, DKV, DKE,
                     n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                     HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
-                    HAS_EXTRA: tl.constexpr, EXTRA_VALUES: tl.constexpr, ACC: tl.constexpr,
-                PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr,
+                    HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
     """One program per key block: d kv = P^T do (value role) + scale dS^T q (key role)."""
     pid_n = tl.program_id(0)
@@ -178,12 +206,14 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, DO, DOE, LSE, DELTA, DKV,
                           mask=row_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
         lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
-        s = _scores(q, kv, qe, ke, offs_m, offs_n, L, scale, slope, b_self, b_cross,
-                    HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, ACC, PREC)
+        s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
+                    HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, HAS_BIAS, ACC, PREC)
         p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
         if EXTRA_VALUES:
             dp += tl.dot(doe, tl.trans(ke), out_dtype=ACC, input_precision=PREC)
+        if HAS_DPB:
+            dp += _shared_tile(DPB, b, offs_m, offs_n, L).to(ACC)
         ds = p * (dp - delta[:, None])
         pt = tl.trans(p).to(kv.dtype)
         dst = tl.trans(ds).to(kv.dtype)
@@ -201,11 +231,11 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, DO, DOE, LSE, DELTA, DKV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, DO, DOE, LSE, DELTA, DQ, DQE, DSDIAG, DSDIST,
-                   n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
+def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DELTA, DQ, DQE,
+                   DSDIAG, DSDIST, n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                    HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
-                   HAS_EXTRA: tl.constexpr, EXTRA_VALUES: tl.constexpr, ACC: tl.constexpr,
-                PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr,
+                   HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
     """One program per query block: dq = scale dS kv, dqe = scale dS ke, and per-row sums
     dS_ii and sum_j dS_ij (i - j) for the self-bias and ALiBi-slope gradients."""
@@ -255,12 +285,14 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, DO, DOE, LSE, DELTA, DQ, D
         if HAS_EXTRA:
             ke = tl.load(KE + b * L * DE + offs_n[:, None] * DE + offs_e[None, :],
                          mask=col_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
-        s = _scores(q, kv, qe, ke, offs_m, offs_n, L, scale, slope, b_self, b_cross,
-                    HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, ACC, PREC)
+        s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
+                    HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, HAS_BIAS, ACC, PREC)
         p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
         if EXTRA_VALUES:
             dp += tl.dot(doe, tl.trans(ke), out_dtype=ACC, input_precision=PREC)
+        if HAS_DPB:
+            dp += _shared_tile(DPB, b, offs_m, offs_n, L).to(ACC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(kv.dtype), kv, out_dtype=ACC, input_precision=PREC)
         if HAS_EXTRA:
@@ -278,6 +310,97 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, DO, DOE, LSE, DELTA, DQ, D
                  mask=row_ok[:, None] & (offs_e[None, :] < DE))
     tl.store(DSDIAG + bh * L + offs_m, ds_diag, mask=row_ok)
     tl.store(DSDIST + bh * L + offs_m, ds_dist, mask=row_ok)
+
+
+@triton.jit
+def _headsum_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DO, DPB, LSE, DELTA, OUT, n_heads, L, D, scale,
+                    HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, GRAD: tl.constexpr, HAS_DPB: tl.constexpr,
+                    ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (query block, key block, batch), looping over the heads: the tile of
+    ``sum_k P_k`` (``GRAD=False``; P recomputed from the saved lse) or of ``sum_k dS_k``
+    (``GRAD=True``), both (B, L, L). Tiles wholly above the diagonal are written as zeros."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < L
+    col_ok = offs_n < L
+    acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    if pid_n * BLOCK_N < (pid_m + 1) * BLOCK_M:
+        for k in range(0, n_heads):
+            bh = b * n_heads + k
+            q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
+                        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
+                         mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            slope = 0.0
+            b_self = 0.0
+            b_cross = 0.0
+            if HAS_ALIBI:
+                slope = tl.load(SLOPE + k)
+            if HAS_SELF:
+                b_self = tl.load(SELF + k)
+            if HAS_CROSS:
+                b_cross = tl.load(CROSS + k)
+            s = _scores(q, kv, q, kv, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
+                        HAS_ALIBI, HAS_SELF, HAS_CROSS, False, HAS_BIAS, ACC, PREC)
+            lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
+            p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
+            if GRAD:
+                do = tl.load(DO + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
+                             mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+                delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
+                dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+                if HAS_DPB:
+                    dp += _shared_tile(DPB, b, offs_m, offs_n, L).to(ACC)
+                acc += p * (dp - delta[:, None])
+            else:
+                acc += p
+    tl.store(OUT + b.to(tl.int64) * L * L + offs_m[:, None] * L + offs_n[None, :],
+             acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _rowdot_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DPB, LSE, OUT, n_heads, L, D, scale,
+                   HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (query block, batch*head): ``OUT_ki = sum_j P_kij DPB_ij``, the part of
+    ``Delta`` that a gradient ``DPB`` of the head-summed probabilities contributes."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    k = bh % n_heads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < L
+    q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    slope = 0.0
+    b_self = 0.0
+    b_cross = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(SLOPE + k)
+    if HAS_SELF:
+        b_self = tl.load(SELF + k)
+    if HAS_CROSS:
+        b_cross = tl.load(CROSS + k)
+    lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
+    acc = tl.zeros([BLOCK_M], ACC)
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, L)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
+                     mask=(offs_n[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+        s = _scores(q, kv, q, kv, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
+                    HAS_ALIBI, HAS_SELF, HAS_CROSS, False, HAS_BIAS, ACC, PREC)
+        p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
+        acc += tl.sum(p * _shared_tile(DPB, b, offs_m, offs_n, L).to(ACC), 1)
+    tl.store(OUT + bh * L + offs_m, acc, mask=row_ok)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -303,85 +426,172 @@ def _check_interpreter_dtype(t: torch.Tensor) -> None:
                         "silently mis-computes it); use float16 or float32 on CPU")
 
 
-def _common(q, kv, alibi, self_bias, cross_bias, q_extra, k_extra):
-    """Contiguous operands, the per-head parameters in the accumulation dtype, and dummies."""
-    _check_interpreter_dtype(q)
-    B, K, L, D = q.shape
-    acc = _acc_dtype(q.dtype)
-    vec = [None if t is None else t.detach().to(device=q.device, dtype=acc).contiguous()
-           for t in (alibi, self_bias, cross_bias)]
-    q, kv = q.contiguous(), kv.contiguous()
-    if q_extra is not None:
-        q_extra, k_extra = q_extra.contiguous(), k_extra.contiguous()
-        DE = q_extra.shape[-1]
-        sqe_b = q_extra.stride(0)
-        sqe_k = q_extra.stride(1) if q_extra.dim() == 4 else 0
-    else:
-        DE, sqe_b, sqe_k = 0, 0, 0
-    dummy = q
-    args = [t if t is not None else dummy for t in [q, kv, q_extra, k_extra] + vec]
-    flags = dict(HAS_ALIBI=alibi is not None, HAS_SELF=self_bias is not None,
-                 HAS_CROSS=cross_bias is not None, HAS_EXTRA=q_extra is not None,
-                 ACC=tl.float64 if acc == torch.float64 else tl.float32,
-                 PREC="ieee" if acc == q.dtype else "tf32")  # tf32 is ignored for 16-bit inputs
-    return args, (B, K, L, D, DE, sqe_b, sqe_k), flags
+class _Launch:
+    """Everything the kernels of one call share: contiguous operands (dummies for absent ones),
+    the per-head parameters in the accumulation dtype, sizes, flags and tile sizes.
+
+    ``q_extra``/``k_extra`` are the in-tile extra pair (``None`` on the shared-logits path, where
+    ``logits`` is the precomputed head-shared (B, L, L) extra logits instead)."""
+
+    def __init__(self, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, logits):
+        _check_interpreter_dtype(q)
+        self.B, self.K, self.L, self.D = q.shape
+        self.acc = _acc_dtype(q.dtype)
+        self.scale = float(scale)
+        self.q, self.kv = q.contiguous(), kv.contiguous()
+        vec = [None if t is None else t.detach().to(device=q.device, dtype=self.acc).contiguous()
+               for t in (alibi, self_bias, cross_bias)]
+        self.vec = [t if t is not None else self.q for t in vec]
+        if q_extra is not None:
+            self.qe, self.ke = q_extra.contiguous(), k_extra.contiguous()
+            self.DE = q_extra.shape[-1]
+            self.sqe = (self.qe.stride(0), self.qe.stride(1) if q_extra.dim() == 4 else 0)
+        else:
+            self.qe = self.ke = self.q
+            self.DE, self.sqe = 0, (0, 0)
+        self.logits = logits.contiguous() if logits is not None else self.q
+        self.flags = dict(HAS_ALIBI=alibi is not None, HAS_SELF=self_bias is not None,
+                          HAS_CROSS=cross_bias is not None, HAS_BIAS=logits is not None,
+                          ACC=tl.float64 if self.acc == torch.float64 else tl.float32,
+                          # tf32 is ignored for 16-bit inputs
+                          PREC="ieee" if self.acc == q.dtype else "tf32")
+        self.blocks, self.launch = _blocks(self.L, self.D, self.DE, q.device)
+        self.has_extra = q_extra is not None
+
+    def grid(self, block):
+        return (triton.cdiv(self.L, self.blocks[block]), self.B * self.K)
+
+    def tile_args(self):
+        return [self.q, self.kv, self.qe, self.ke, *self.vec, self.logits]
+
+    def forward(self, extra_values):
+        B, K, L, D, DE = self.B, self.K, self.L, self.D, self.DE
+        o = torch.empty((B, K, L, D), dtype=self.q.dtype, device=self.q.device)
+        lse = torch.empty((B, K, L), dtype=self.acc, device=self.q.device)
+        oe = (torch.empty((B, K, L, DE), dtype=self.ke.dtype, device=self.q.device)
+              if extra_values else self.q.new_empty(0))
+        _fwd_kernel[self.grid("BLOCK_M")](
+            *self.tile_args(), o, oe if extra_values else o, lse, K, L, D, DE, *self.sqe,
+            self.scale, HAS_EXTRA=self.has_extra, EXTRA_VALUES=bool(extra_values), **self.flags,
+            **self.blocks, **self.launch)
+        return o, lse, oe
+
+    def backward(self, lse, do, doe, dpb, delta, extra_values):
+        """``(dq, dkv, dqe, dke, ds_diag, ds_dist)``; ``dqe``/``dke`` per head, in-tile pair only."""
+        B, K, L, D, DE = self.B, self.K, self.L, self.D, self.DE
+        common = dict(HAS_EXTRA=self.has_extra, EXTRA_VALUES=bool(extra_values),
+                      HAS_DPB=dpb is not None, **self.flags, **self.blocks, **self.launch)
+        doe = doe if extra_values else do
+        dpb = dpb.contiguous() if dpb is not None else self.q
+        dkv = torch.empty_like(self.kv)
+        dke = torch.empty((B, K, L, DE), dtype=self.acc, device=do.device) if DE else dkv
+        _bwd_dkv_kernel[self.grid("BLOCK_N")](
+            *self.tile_args(), do, doe, dpb, lse, delta, dkv, dke, K, L, D, DE, *self.sqe,
+            self.scale, **common)
+        dq = torch.empty_like(self.q)
+        dqe = torch.empty((B, K, L, DE), dtype=self.acc, device=do.device) if DE else dq
+        ds_diag = torch.empty((B, K, L), dtype=self.acc, device=do.device)
+        ds_dist = torch.empty_like(ds_diag)
+        _bwd_dq_kernel[self.grid("BLOCK_M")](
+            *self.tile_args(), do, doe, dpb, lse, delta, dq, dqe, ds_diag, ds_dist, K, L, D,
+            DE, *self.sqe, self.scale, **common)
+        return dq, dkv, dqe, dke, ds_diag, ds_dist
+
+    def head_sum(self, lse, do=None, dpb=None, delta=None):
+        """``sum_k P_k`` (B, L, L), or with ``do`` and ``delta`` given ``sum_k dS_k``."""
+        out = torch.empty((self.B, self.L, self.L), dtype=self.acc, device=self.q.device)
+        bm, bn = self.blocks["BLOCK_M"], self.blocks["BLOCK_N"]
+        grid = (triton.cdiv(self.L, bm), triton.cdiv(self.L, bn), self.B)
+        grad = do is not None
+        _headsum_kernel[grid](
+            self.q, self.kv, *self.vec, self.logits, do if grad else self.q,
+            dpb.contiguous() if dpb is not None else self.q, lse, delta if grad else lse, out,
+            self.K, self.L, self.D, self.scale, GRAD=grad, HAS_DPB=dpb is not None,
+            **self.flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=self.blocks["BLOCK_D"], **self.launch)
+        return out
+
+    def row_dot(self, lse, dpb):
+        """``sum_j P_kij dpb_ij`` (B, K, L)."""
+        out = torch.empty((self.B, self.K, self.L), dtype=self.acc, device=self.q.device)
+        _rowdot_kernel[self.grid("BLOCK_M")](
+            self.q, self.kv, *self.vec, self.logits, dpb.contiguous(), lse, out, self.K, self.L,
+            self.D, self.scale, **self.flags, BLOCK_M=self.blocks["BLOCK_M"],
+            BLOCK_N=self.blocks["BLOCK_N"], BLOCK_D=self.blocks["BLOCK_D"], **self.launch)
+        return out
+
+
+def _shared_logits(q_extra, k_extra, scale):
+    """The head-shared extra logits ``scale * q_extra k_extra^T`` (B, L, L), one batched GEMM
+    (in the input dtype, as the reference computes them)."""
+    return torch.matmul(q_extra, k_extra.transpose(-1, -2)) * scale
 
 
 def attention_forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
-                      extra_values):
-    """Launch the forward kernel; returns ``(o, lse, o_extra)`` (``o_extra`` empty unless
-    ``extra_values``). Inputs are assumed validated (see :mod:`cemlib.kernels.ops`)."""
-    args, (B, K, L, D, DE, sqe_b, sqe_k), flags = _common(q, kv, alibi, self_bias, cross_bias,
-                                                          q_extra, k_extra)
-    o = torch.empty((B, K, L, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, K, L), dtype=_acc_dtype(q.dtype), device=q.device)
-    oe = (torch.empty((B, K, L, DE), dtype=k_extra.dtype, device=q.device) if extra_values
-          else q.new_empty(0))
-    blocks, launch = _blocks(L, D, DE, q.device)
-    grid = (triton.cdiv(L, blocks["BLOCK_M"]), B * K)
-    _fwd_kernel[grid](*args, o, oe if extra_values else o, lse, K, L, D, DE, sqe_b, sqe_k,
-                      float(scale), EXTRA_VALUES=bool(extra_values), **flags, **blocks, **launch)
-    return o, lse, oe
+                      extra_values, extra_head_sum=False):
+    """Launch the forward; returns ``(o, lse, o_extra, o_extra_heads)``. ``o_extra`` is empty
+    unless ``extra_values``, and summed over heads if ``extra_head_sum``; ``o_extra_heads`` is
+    the per-head ``o_extra`` that the backward needs on the in-tile path with
+    ``extra_head_sum`` (empty otherwise). Inputs are assumed validated (see
+    :mod:`cemlib.kernels.ops`); the path is :func:`cemlib.kernels.dispatch.extra_path`."""
+    if extra_path(q_extra, extra_values, extra_head_sum) == "logits":
+        run = _Launch(q, kv, scale, alibi, self_bias, cross_bias, None, None,
+                      _shared_logits(q_extra, k_extra, scale))
+        o, lse, _ = run.forward(False)
+        oe = q.new_empty(0)
+        if extra_values:
+            oe = torch.matmul(run.head_sum(lse).to(k_extra.dtype), k_extra)
+        return o, lse, oe, q.new_empty(0)  # distinct empties: custom-op outputs may not alias
+    run = _Launch(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, None)
+    o, lse, oe = run.forward(extra_values)
+    if extra_head_sum:
+        return o, lse, oe.sum(1), oe
+    return o, lse, oe, q.new_empty(0)
 
 
 def attention_backward(do, dlse, doe, q, kv, o, lse, oe, scale, alibi, self_bias, cross_bias,
-                       q_extra, k_extra, extra_values):
+                       q_extra, k_extra, extra_values, extra_head_sum=False):
     """Gradients ``(dq, dkv, dq_extra, dk_extra, dalibi, dself, dcross)``; ``None`` for absent
-    inputs. ``dlse`` and ``doe`` may be ``None`` (treated as zero)."""
-    args, (B, K, L, D, DE, sqe_b, sqe_k), flags = _common(q, kv, alibi, self_bias, cross_bias,
-                                                          q_extra, k_extra)
+    inputs. ``dlse`` and ``doe`` may be ``None`` (treated as zero). ``oe`` is the per-head
+    ``o_extra`` (in-tile path; ignored on the shared-logits path)."""
     acc = _acc_dtype(q.dtype)
-    do = do.contiguous()
+    do, lse = do.contiguous(), lse.contiguous()
     delta = (o.to(acc) * do.to(acc)).sum(-1)
-    if extra_values and doe is not None:
-        doe = doe.contiguous()
-        delta = delta + (oe.to(acc) * doe.to(acc)).sum(-1)
-    elif extra_values:
-        doe = torch.zeros_like(oe)
     if dlse is not None:
         delta = delta - dlse.to(acc)
-    delta = delta.contiguous()
-    blocks, launch = _blocks(L, D, DE, q.device)
-    dkv = torch.empty_like(args[1])
-    dke = torch.empty((B, K, L, DE), dtype=acc, device=q.device) if DE else dkv
-    doe_arg = doe if extra_values else do
-    common = dict(EXTRA_VALUES=bool(extra_values), **flags, **blocks, **launch)
-    grid_n = (triton.cdiv(L, blocks["BLOCK_N"]), B * K)
-    _bwd_dkv_kernel[grid_n](*args, do, doe_arg, lse, delta, dkv, dke, K, L, D, DE, sqe_b, sqe_k,
-                            float(scale), **common)
-    dq = torch.empty_like(args[0])
-    dqe = torch.empty((B, K, L, DE), dtype=acc, device=q.device) if DE else dq
-    ds_diag = torch.empty((B, K, L), dtype=acc, device=q.device)
-    ds_dist = torch.empty_like(ds_diag)
-    grid_m = (triton.cdiv(L, blocks["BLOCK_M"]), B * K)
-    _bwd_dq_kernel[grid_m](*args, do, doe_arg, lse, delta, dq, dqe, ds_diag, ds_dist, K, L, D, DE,
-                           sqe_b, sqe_k, float(scale), **common)
+    logits = extra_path(q_extra, extra_values, extra_head_sum) == "logits"
     dq_extra = dk_extra = None
-    if q_extra is not None:
-        dq_extra = (dqe.sum(1) if q_extra.dim() == 3 else dqe).to(q_extra.dtype)
-        dk_extra = dke.sum(1).to(k_extra.dtype)
-    # sum_j dS_ij = dlse_i exactly (sum_j P_ij = 1, sum_j P_ij dP_ij = Delta_i), so the
-    # off-diagonal sum that the cross bias needs is dlse_i - dS_ii.
+    if logits:
+        run = _Launch(q, kv, scale, alibi, self_bias, cross_bias, None, None,
+                      _shared_logits(q_extra, k_extra, scale))
+        dpb = None
+        if extra_values and doe is not None:
+            # o_extra = A k_extra with A = sum_k P_k: dA = doe k_extra^T reaches every head's dP
+            dpb = torch.matmul(doe, k_extra.transpose(-1, -2))
+            delta = delta + run.row_dot(lse, dpb)
+        delta = delta.contiguous()
+        dq, dkv, _, _, ds_diag, ds_dist = run.backward(lse, do, None, dpb, delta, False)
+        d_logits = (run.head_sum(lse, do, dpb, delta) * run.scale).to(q_extra.dtype)
+        dq_extra = torch.matmul(d_logits, k_extra)
+        dk_extra = torch.matmul(d_logits.transpose(-1, -2), q_extra)
+        if dpb is not None:
+            A = run.head_sum(lse).to(k_extra.dtype)
+            dk_extra = dk_extra + torch.matmul(A.transpose(-1, -2), doe)
+    else:
+        run = _Launch(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, None)
+        if extra_values:
+            if doe is None:
+                doe = torch.zeros_like(oe)
+            elif extra_head_sum:
+                doe = doe[:, None].expand_as(oe)
+            doe = doe.contiguous()
+            delta = delta + (oe.to(acc) * doe.to(acc)).sum(-1)
+        dq, dkv, dqe, dke, ds_diag, ds_dist = run.backward(lse, do, doe, None,
+                                                           delta.contiguous(), extra_values)
+        if q_extra is not None:
+            dq_extra = (dqe.sum(1) if q_extra.dim() == 3 else dqe).to(q_extra.dtype)
+            dk_extra = dke.sum(1).to(k_extra.dtype)
+    # sum_j dS_ij = dlse_i exactly (sum_j P_ij = 1, sum_j P_ij dP_ij = Delta_i + dlse_i), so
+    # the off-diagonal sum that the cross bias needs is dlse_i - dS_ii.
     rowsum = dlse.to(acc) if dlse is not None else torch.zeros_like(ds_diag)
     dalibi = None if alibi is None else (-ds_dist.sum((0, 2))).to(alibi.dtype)
     dself = None if self_bias is None else ds_diag.sum((0, 2)).to(self_bias.dtype)

@@ -130,12 +130,13 @@ class CEMAttention(EnergyLayer):
         """``u = RMSNorm(x)`` inside the recursion (Algorithm 1), or ``x`` if not ``query_norm``."""
         return self.norm(x) if self.query_norm else x
 
-    def _attend(self, u, hn, kv, values: bool):
+    def _attend(self, u, hn, kv, values: bool, head_sum: bool = False):
         q = torch.einsum("krh,blh->bklr", self._heads(self.W_Q), u)
         extra = {}
         if self.d is not None:
             qe = self.d * u if self.d.dim() == 1 else self.d[None, :, None, :] * u[:, None]
-            extra = dict(q_extra=qe.to(q.dtype), k_extra=hn.to(q.dtype), extra_values=values)
+            extra = dict(q_extra=qe.to(q.dtype), k_extra=hn.to(q.dtype), extra_values=values,
+                         extra_head_sum=values and head_sum)
         return dispatch.tied_attention(q, kv, scale=1.0 / self.tau, alibi=self.alibi,
                                        self_bias=self.self_bias, cross_bias=self.cross_bias,
                                        **extra)
@@ -144,14 +145,19 @@ class CEMAttention(EnergyLayer):
         """``grad_u eps_k`` per head (B, K, L, D_h), or summed over heads (B, L, D_h);
         ``exact=False`` drops the diagonal value term (Algorithm 1)."""
         values = exact and self.d is not None
-        out = self._attend(u, hn, kv, values)
+        # shared diagonal, heads summed: sum_k d * o^hn_k = d * (sum_k alpha_k) hn, K times
+        # cheaper than the per-head diagonal value paths (and fused on GPU at any width)
+        head_sum = not per_head and self.d is not None and self.d.dim() == 1
+        out = self._attend(u, hn, kv, values, head_sum)
         o = out[0]
         if per_head:
             g = -torch.einsum("bklr,krh->bklh", o, self._heads(self.W_Q))
         else:
             B, K, L, R = o.shape
             g = -(o.transpose(1, 2).reshape(B, L, K * R) @ self.W_Q)
-        if values:
+        if values and head_sum:
+            g = g - self.d * out[2]
+        elif values:
             dk = self.d if self.d.dim() == 1 else self.d[None, :, None, :]
             ge = dk * out[2]
             g = g - (ge if per_head else ge.sum(1))
