@@ -354,15 +354,23 @@ def test_dispatch_forced_triton_runs_the_kernels(monkeypatch):
 def test_custom_ops_trace_under_torch_compile():
     """The ops stay single graph nodes under torch.compile (fullgraph: no graph breaks)."""
     inp = make_attention_inputs(1, 2, 11, 8, 4, False, True, torch.float32)
+    wide = make_attention_inputs(1, 2, 11, 8, 130, False, False, torch.float32, seed=5)
     torch._dynamo.reset()
 
-    def energy_and_step(q, kv, qe, ke, u, V, gamma):
+    def energy_and_step(q, kv, qe, ke, qw, kw, u, V, gamma):
         o, lse = ops.tied_attention(q, kv, scale=0.5, alibi=inp["alibi"], q_extra=qe, k_extra=ke)
+        # in-tile path with head-summed values, then the shared-logits path
+        _, _, oe = ops.tied_attention(q, kv, scale=0.5, q_extra=qe, k_extra=ke,
+                                      extra_values=True, extra_head_sum=True)
+        ow, lw, oew = ops.tied_attention(q, kv, scale=0.5, q_extra=qw, k_extra=kw,
+                                         extra_values=True, extra_head_sum=True)
         y = ops.tied_gated_mlp_step(u, V, gamma)
-        return -lse.sum() / 0.5 + o.square().sum() + y.square().sum()
+        return (-lse.sum() / 0.5 + o.square().sum() + oe.square().sum() + ow.square().sum()
+                + lw.sum() + oew.square().sum() + y.square().sum())
 
     mlp = [torch.randn(2, 3, 6), torch.randn(10, 6), torch.randn(2, 3, 10)]
-    xs = [inp["q"], inp["kv"], inp["q_extra"], inp["k_extra"]] + [m.to(DEVICE) for m in mlp]
+    xs = ([inp["q"], inp["kv"], inp["q_extra"], inp["k_extra"], wide["q_extra"], wide["k_extra"]]
+          + [m.to(DEVICE) for m in mlp])
     results = []
     for fn in (energy_and_step, torch.compile(energy_and_step, backend="aot_eager",
                                               fullgraph=True)):
