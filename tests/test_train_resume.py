@@ -146,3 +146,11 @@ def test_inf_gradient_names_the_first_offending_parameter(tmp_path):
                                              r"first offending: parameter 'mix.weight' \(its gradient\)"):
         t.fit()
     assert load_checkpoint(tmp_path / "last_good.pt")["step"] == 3
+
+
+def test_out_dir_that_is_a_file_fails_before_training(tmp_path):
+    """``--out`` names a folder; a file there is refused at once, not after training."""
+    f = tmp_path / "results.json"
+    f.write_text("{}")
+    with pytest.raises(NotADirectoryError, match="out_dir must be a folder"):
+        trainer(f)

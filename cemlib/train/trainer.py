@@ -60,6 +60,10 @@ class Trainer:
                  verbose: bool = True):
         self.cfg, self.loss_fn, self.command, self.strategy = cfg, loss_fn, command, strategy
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        if self.out_dir is not None and self.out_dir.exists() and not self.out_dir.is_dir():
+            # fail before training, not at the first checkpoint
+            raise NotADirectoryError(f"out_dir must be a folder (it receives results.json and "
+                                     f"checkpoints), but {self.out_dir} is a file")
         self.verbose = verbose
         tc = cfg.train
         self.dist: DistInfo = init_distributed(default_device(tc.device))
