@@ -198,3 +198,21 @@ def test_bad_input(x, match):
 def test_bad_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CEMAttention(D, kwargs.pop("n_heads", 3), **kwargs)
+
+
+@pytest.mark.parametrize("T, query_norm, calls", [(1, True, 1), (3, True, 3), (2, False, 1)])
+def test_step_zero_reuses_the_context_norm(T, query_norm, calls):
+    """At t = 0 the query RMSNorm(x^(0)) is the context's hn: computed once, not twice; the
+    output equals the step-by-step update that recomputes it."""
+    layer = CEMAttention(12, 3, T=T, query_norm=query_norm, init_std=0.3)
+    torch.nn.init.normal_(layer.d, std=0.3)
+    n = []
+    layer.norm.register_forward_hook(lambda *a: n.append(1))
+    x = torch.randn(2, 6, 12)
+    y = layer(x)
+    assert len(n) == calls
+    hn, kv = layer.context(x)
+    z = x
+    for _ in range(T):
+        z = z - layer.eta * layer.direction(z, hn, kv)  # recomputes RMSNorm(z) every step
+    torch.testing.assert_close(y, z, rtol=1e-13, atol=1e-13)

@@ -131,3 +131,19 @@ def test_bad_input(x, match):
 def test_bad_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CEMMLP(D, DV, **kwargs)
+
+
+@pytest.mark.parametrize("T, query_norm, calls", [(1, True, 1), (3, True, 3), (2, False, 1)])
+def test_step_zero_reuses_the_gate_norm(T, query_norm, calls):
+    """At t = 0 the query RMSNorm(x^(0)) is the normalised context that gamma uses: computed
+    once; the output equals the update that recomputes it every step."""
+    layer = CEMMLP(10, 24, T=T, query_norm=query_norm, init_std=0.3)
+    n = []
+    layer.norm.register_forward_hook(lambda *a: n.append(1))
+    x = torch.randn(2, 5, 10)
+    y = layer(x)
+    assert len(n) == calls
+    gamma, z = layer.gamma(x), x
+    for _ in range(T):
+        z = z + layer.eta * layer.P(layer.neg_grad(layer.query(z), gamma))
+    torch.testing.assert_close(y, z, rtol=1e-13, atol=1e-13)

@@ -163,9 +163,11 @@ class CEMAttention(EnergyLayer):
             g = g - (ge if per_head else ge.sum(1))
         return g
 
-    def direction(self, x: torch.Tensor, hn: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """``Delta x = sum_k P_k g_k(u)`` (eq. 14 at ``x^(t)``); the update is ``x - eta Delta x``."""
-        u = self.query(x)
+    def direction(self, x: torch.Tensor, hn: torch.Tensor, kv: torch.Tensor,
+                  u: torch.Tensor | None = None) -> torch.Tensor:
+        """``Delta x = sum_k P_k g_k(u)`` (eq. 14 at ``x^(t)``); the update is ``x - eta Delta x``.
+        ``u`` defaults to :meth:`query` of ``x``."""
+        u = self.query(x) if u is None else u
         exact = self.diag_grad == "exact"
         if self.P.kind == "none":
             return self.head_grads(u, hn, kv, exact, per_head=False)
@@ -177,8 +179,10 @@ class CEMAttention(EnergyLayer):
         self._check(x, "x")
         hn, kv = self.context(x)
         traj = [x]
-        for _ in range(self.T):
-            x = x - self.eta * self.direction(x, hn, kv)
+        for t in range(self.T):
+            # at t = 0, x = h: the query RMSNorm(x) is the context's hn (same module), reused
+            u = hn if t == 0 and self.query_norm else None
+            x = x - self.eta * self.direction(x, hn, kv, u)
             traj.append(x)
         return (x, traj) if return_trajectory else x
 

@@ -90,10 +90,13 @@ class CEMMLP(EnergyLayer):
     def forward(self, x: torch.Tensor, return_trajectory: bool = False):
         """``x^(T)``; with ``return_trajectory`` also ``[x^(0), ..., x^(T)]`` (eq. 17)."""
         self._check(x, "x")
-        gamma = self.gamma(x)
+        hn = self.norm(x)
+        gamma = hn @ self.W.T  # = self.gamma(x)
         traj = [x]
-        for _ in range(self.T):
-            x = x + self.eta * self.P(self.neg_grad(self.query(x), gamma))
+        for t in range(self.T):
+            # at t = 0, x = h: the query RMSNorm(x) is hn (same module), reused
+            u = hn if t == 0 and self.query_norm else self.query(x)
+            x = x + self.eta * self.P(self.neg_grad(u, gamma))
             traj.append(x)
         return (x, traj) if return_trajectory else x
 
