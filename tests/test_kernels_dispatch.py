@@ -213,6 +213,7 @@ def test_extra_pair_routing(shape, values, head_sum, path, fused):
     assert dispatch.extra_path(qe, values, head_sum) == path
     assert dispatch.attention_fused(q, qe, values, head_sum) == fused
     assert not dispatch.attention_fused(q.double(), qe, values, head_sum)  # no float64 kernels
+    assert not dispatch.attention_fused(q.float(), qe, values, head_sum)  # fp32 spills: cuBLAS
     assert not dispatch.attention_fused(torch.empty(2, 3, 9, 512), None)  # head width > 256
 
 

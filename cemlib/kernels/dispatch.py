@@ -8,8 +8,10 @@ The layers call :func:`tied_attention`, :func:`tied_gated_mlp_step` and
 3. ``"auto"``.
 
 ``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
-call is one the kernels handle efficiently (fp16/bf16/fp32, head width <= 256, and an extra
-query/key pair that :func:`extra_path` places on a fused path); otherwise the reference. ``"reference"`` always uses
+call is one the kernels handle efficiently (fp16/bf16, head width <= 256, and an extra
+query/key pair that :func:`extra_path` places on a fused path); otherwise the reference. fp32 is
+left to the reference (cuBLAS): the kernels' exact fp32 dot products spill registers at every
+tile size (``benchmarks/compile_kernels.py``); forcing ``"triton"`` still runs them in fp32. ``"reference"`` always uses
 :mod:`cemlib.kernels.reference`. ``"triton"`` always uses the kernels and raises a clear error
 where they cannot run (no Triton; CPU tensors without ``TRITON_INTERPRET=1``, under which
 Triton's interpreter runs the kernels on CPU, slowly, for testing).
@@ -35,7 +37,7 @@ __all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_back
 BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "CEMLIB_KERNELS"
 _backend: str | None = None
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_AUTO_DTYPES = (torch.float16, torch.bfloat16)  # what "auto" sends to the kernels
 MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
 
 
@@ -113,11 +115,11 @@ def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str
 
 
 def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -> bool:
-    """Whether ``"auto"`` sends this attention call to the kernels (on CUDA): fp16/bf16/fp32,
+    """Whether ``"auto"`` sends this attention call to the kernels (on CUDA): fp16/bf16,
     head width <= 256, and no extra pair that only the spilling wide-tile path could serve
     (a per-head pair, or per-head extra values, wider than :data:`MAX_TILE_EXTRA`)."""
     path = extra_path(q_extra, extra_values, extra_head_sum)
-    return (q.dtype in _KERNEL_DTYPES and q.shape[-1] <= 256
+    return (q.dtype in _AUTO_DTYPES and q.shape[-1] <= 256
             and (path != "tile" or q_extra.shape[-1] <= MAX_TILE_EXTRA))
 
 
@@ -193,7 +195,7 @@ def tied_gated_mlp_step(u, V, gamma):
             from None
     if not (u.dtype == V.dtype == gamma.dtype):
         raise ValueError(f"u, V, gamma must share a dtype, got {u.dtype}, {V.dtype}, {gamma.dtype}")
-    if _use_triton(u, u.dtype in _KERNEL_DTYPES and gamma.shape[:-1] == u.shape[:-1]):
+    if _use_triton(u, u.dtype in _AUTO_DTYPES and gamma.shape[:-1] == u.shape[:-1]):
         return _ops().tied_gated_mlp_step(u, V, gamma)
     return reference.tied_gated_mlp_step(u, V, gamma)
 
@@ -208,6 +210,6 @@ def dplr_precondition(g, d, U, V):
     if not (g.dtype == d.dtype == U.dtype == V.dtype):
         raise ValueError(f"g, d, U, V must share a dtype, got {g.dtype}, {d.dtype}, {U.dtype}, "
                          f"{V.dtype}")
-    if _use_triton(g, g.dtype in _KERNEL_DTYPES and U.shape[1] <= 64):
+    if _use_triton(g, g.dtype in _AUTO_DTYPES and U.shape[1] <= 64):
         return _ops().dplr_precondition(g, d, U, V)
     return reference.dplr_precondition(g, d, U, V)

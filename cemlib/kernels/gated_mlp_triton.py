@@ -115,6 +115,14 @@ def _gate_blocks(device):
     return dict(BLOCK_M=64, BLOCK_V=64, BLOCK_K=64), dict(num_warps=4, num_stages=3)
 
 
+def _dplr_blocks(R, device):
+    """GPU tiles chosen to compile without register spills on sm_80 and sm_90 at R <= 16
+    (benchmarks/compile_kernels.py; 64 x 128 spills); not timed on a GPU."""
+    small = INTERPRET or device.type != "cuda"
+    return dict(BLOCK_M=16 if small else 32, BLOCK_K=32 if small else 128,
+                BLOCK_R=max(16, triton.next_power_of_2(R)))
+
+
 def _check_interpreter_dtype(t):
     if INTERPRET and t.dtype == torch.bfloat16:
         raise TypeError("bfloat16 is not supported under TRITON_INTERPRET=1 (the interpreter "
@@ -160,9 +168,7 @@ def dplr_apply(g, d, U, V):
     N, Dh = g.shape
     R = U.shape[1]
     out = torch.empty_like(g)
-    bm = 16 if (INTERPRET or g.device.type != "cuda") else 64
-    bk = 32 if (INTERPRET or g.device.type != "cuda") else 128
-    br = max(16, triton.next_power_of_2(R))
-    _dplr_kernel[(triton.cdiv(N, bm),)](g, d, U, V, out, N, Dh, R, ACC=_acc(g.dtype),
-                                        BLOCK_M=bm, BLOCK_K=bk, BLOCK_R=br)
+    blocks = _dplr_blocks(R, g.device)
+    _dplr_kernel[(triton.cdiv(N, blocks["BLOCK_M"]),)](g, d, U, V, out, N, Dh, R,
+                                                       ACC=_acc(g.dtype), **blocks)
     return out

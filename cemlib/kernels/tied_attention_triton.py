@@ -407,15 +407,24 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _blocks(L: int, D: int, DE: int, device: torch.device):
-    """Tile sizes: small under the interpreter (its cost grows with program count and tile
-    size alike), FlashAttention-2-like on a GPU (not autotuned; see benchmarks/README.md)."""
+# GPU tiles (BLOCK_M, BLOCK_N) per kernel family, for narrow (D [+ D_e] <= 128) and wide rows.
+# Chosen so that no kernel spills registers on sm_90 in fp16/bf16 at D = 64 or 128, with or
+# without an extra pair (checked by benchmarks/compile_kernels.py, which compiles without a GPU);
+# not autotuned, and never timed on a GPU. In fp32 the kernels' exact (ieee) dot products spill
+# at any tile size, which is why "auto" dispatch leaves fp32 to the reference.
+GPU_TILES = {"fwd": {False: (64, 64), True: (64, 32)},
+             "bwd": {False: (32, 64), True: (32, 32)}}
+
+
+def _blocks(L: int, D: int, DE: int, device: torch.device, kind: str = "fwd"):
+    """Tile sizes for the forward (``kind="fwd"``) or the backward and head-sum kernels
+    (``"bwd"``): small under the interpreter (its cost grows with program count and tile size
+    alike), :data:`GPU_TILES` on a GPU."""
     bd = max(16, triton.next_power_of_2(D))
     bde = max(16, triton.next_power_of_2(DE))
     if INTERPRET or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, BLOCK_DE=bde), {}
-    big = bd + (bde if DE else 0) > 128
-    bm, bn = (64, 32) if big else (64, 64)
+    bm, bn = GPU_TILES[kind][bd + (bde if DE else 0) > 128]
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DE=bde), dict(num_warps=4, num_stages=2)
 
 
@@ -455,11 +464,12 @@ class _Launch:
                           ACC=tl.float64 if self.acc == torch.float64 else tl.float32,
                           # tf32 is ignored for 16-bit inputs
                           PREC="ieee" if self.acc == q.dtype else "tf32")
-        self.blocks, self.launch = _blocks(self.L, self.D, self.DE, q.device)
+        self.tiles = {kind: _blocks(self.L, self.D, self.DE, q.device, kind)
+                      for kind in ("fwd", "bwd")}
         self.has_extra = q_extra is not None
 
-    def grid(self, block):
-        return (triton.cdiv(self.L, self.blocks[block]), self.B * self.K)
+    def grid(self, kind, block):
+        return (triton.cdiv(self.L, self.tiles[kind][0][block]), self.B * self.K)
 
     def tile_args(self):
         return [self.q, self.kv, self.qe, self.ke, *self.vec, self.logits]
@@ -470,29 +480,31 @@ class _Launch:
         lse = torch.empty((B, K, L), dtype=self.acc, device=self.q.device)
         oe = (torch.empty((B, K, L, DE), dtype=self.ke.dtype, device=self.q.device)
               if extra_values else self.q.new_empty(0))
-        _fwd_kernel[self.grid("BLOCK_M")](
+        blocks, launch = self.tiles["fwd"]
+        _fwd_kernel[self.grid("fwd", "BLOCK_M")](
             *self.tile_args(), o, oe if extra_values else o, lse, K, L, D, DE, *self.sqe,
             self.scale, HAS_EXTRA=self.has_extra, EXTRA_VALUES=bool(extra_values), **self.flags,
-            **self.blocks, **self.launch)
+            **blocks, **launch)
         return o, lse, oe
 
     def backward(self, lse, do, doe, dpb, delta, extra_values):
         """``(dq, dkv, dqe, dke, ds_diag, ds_dist)``; ``dqe``/``dke`` per head, in-tile pair only."""
         B, K, L, D, DE = self.B, self.K, self.L, self.D, self.DE
         common = dict(HAS_EXTRA=self.has_extra, EXTRA_VALUES=bool(extra_values),
-                      HAS_DPB=dpb is not None, **self.flags, **self.blocks, **self.launch)
+                      HAS_DPB=dpb is not None, **self.flags, **self.tiles["bwd"][0],
+                      **self.tiles["bwd"][1])
         doe = doe if extra_values else do
         dpb = dpb.contiguous() if dpb is not None else self.q
         dkv = torch.empty_like(self.kv)
         dke = torch.empty((B, K, L, DE), dtype=self.acc, device=do.device) if DE else dkv
-        _bwd_dkv_kernel[self.grid("BLOCK_N")](
+        _bwd_dkv_kernel[self.grid("bwd", "BLOCK_N")](
             *self.tile_args(), do, doe, dpb, lse, delta, dkv, dke, K, L, D, DE, *self.sqe,
             self.scale, **common)
         dq = torch.empty_like(self.q)
         dqe = torch.empty((B, K, L, DE), dtype=self.acc, device=do.device) if DE else dq
         ds_diag = torch.empty((B, K, L), dtype=self.acc, device=do.device)
         ds_dist = torch.empty_like(ds_diag)
-        _bwd_dq_kernel[self.grid("BLOCK_M")](
+        _bwd_dq_kernel[self.grid("bwd", "BLOCK_M")](
             *self.tile_args(), do, doe, dpb, lse, delta, dq, dqe, ds_diag, ds_dist, K, L, D,
             DE, *self.sqe, self.scale, **common)
         return dq, dkv, dqe, dke, ds_diag, ds_dist
@@ -500,23 +512,25 @@ class _Launch:
     def head_sum(self, lse, do=None, dpb=None, delta=None):
         """``sum_k P_k`` (B, L, L), or with ``do`` and ``delta`` given ``sum_k dS_k``."""
         out = torch.empty((self.B, self.L, self.L), dtype=self.acc, device=self.q.device)
-        bm, bn = self.blocks["BLOCK_M"], self.blocks["BLOCK_N"]
+        blocks, launch = self.tiles["bwd"]
+        bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
         grid = (triton.cdiv(self.L, bm), triton.cdiv(self.L, bn), self.B)
         grad = do is not None
         _headsum_kernel[grid](
             self.q, self.kv, *self.vec, self.logits, do if grad else self.q,
             dpb.contiguous() if dpb is not None else self.q, lse, delta if grad else lse, out,
             self.K, self.L, self.D, self.scale, GRAD=grad, HAS_DPB=dpb is not None,
-            **self.flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=self.blocks["BLOCK_D"], **self.launch)
+            **self.flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=blocks["BLOCK_D"], **launch)
         return out
 
     def row_dot(self, lse, dpb):
         """``sum_j P_kij dpb_ij`` (B, K, L)."""
         out = torch.empty((self.B, self.K, self.L), dtype=self.acc, device=self.q.device)
-        _rowdot_kernel[self.grid("BLOCK_M")](
+        blocks, launch = self.tiles["bwd"]
+        _rowdot_kernel[self.grid("bwd", "BLOCK_M")](
             self.q, self.kv, *self.vec, self.logits, dpb.contiguous(), lse, out, self.K, self.L,
-            self.D, self.scale, **self.flags, BLOCK_M=self.blocks["BLOCK_M"],
-            BLOCK_N=self.blocks["BLOCK_N"], BLOCK_D=self.blocks["BLOCK_D"], **self.launch)
+            self.D, self.scale, **self.flags, BLOCK_M=blocks["BLOCK_M"],
+            BLOCK_N=blocks["BLOCK_N"], BLOCK_D=blocks["BLOCK_D"], **launch)
         return out
 
 
