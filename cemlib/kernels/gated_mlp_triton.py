@@ -14,6 +14,13 @@ backward kernel recomputes ``h`` while it computes ``da = dy V^T`` from the *sam
 
 after which ``du = dh V`` and ``dV = a^T dy + dh^T u`` (V's outer and inner roles) are two GEMMs.
 
+RMSNorm is not fused into these kernels. At T = 1 (the default) the layer normalises ``h`` once
+and uses ``hn`` both for ``gamma = W hn`` (a cuBLAS GEMM) and as the step-0 query
+(:class:`cemlib.layers.cem_mlp.CEMMLP` reuses it; tested), so there is no separate query norm
+left to fuse. At T >= 2 each further step normalises ``x^(t)``: a memory-bound pass over (N, D_h)
+and one saved activation that a prologue fusion into ``_gate_kernel`` could remove. Whether that
+pays has not been measured on a GPU, so it is not done.
+
 Preconditioner (CEM eq. 13): ``P g = softplus(d) * g + U (V^T g) + V (U^T g)`` for rows g, with
 ``U, V`` of shape (D_h, R). One program per row block: a first pass over D_h reduces
 ``g V`` and ``g U`` (rank R), a second pass writes the output. ``P`` is symmetric, so the
