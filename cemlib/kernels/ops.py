@@ -49,8 +49,8 @@ def _lse_dtype(dtype):
 @custom_op("cemlib::tied_attention_fwd", mutates_args=())
 def _attention_fwd(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
                    self_bias: Optional[Tensor], cross_bias: Optional[Tensor],
-                   q_extra: Optional[Tensor], k_extra: Optional[Tensor],
-                   extra_values: bool, extra_head_sum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                   q_extra: Optional[Tensor], k_extra: Optional[Tensor], extra_values: bool,
+                   extra_head_sum: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q):
         return _attn_kernels().attention_forward(q, kv, scale, alibi, self_bias, cross_bias,
                                                  q_extra, k_extra, extra_values, extra_head_sum)

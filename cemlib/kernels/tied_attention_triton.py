@@ -64,6 +64,22 @@ def _shared_tile(X, b, offs_m, offs_n, L):
 
 
 @triton.jit
+def _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
+                 HAS_CROSS: tl.constexpr):
+    """Head ``k``'s ALiBi slope and self/cross biases (0 where absent)."""
+    slope = 0.0
+    b_self = 0.0
+    b_cross = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(SLOPE + k)
+    if HAS_SELF:
+        b_self = tl.load(SELF + k)
+    if HAS_CROSS:
+        b_cross = tl.load(CROSS + k)
+    return slope, b_self, b_cross
+
+
+@triton.jit
 def _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
             HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
             HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
@@ -91,9 +107,9 @@ def _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cro
 def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, O, OE, LSE,
                 n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                 HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
-                HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr, ACC: tl.constexpr,
-                PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
+                HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr,
+                ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -109,15 +125,7 @@ def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, O, OE, LSE,
         qe_rows = QE + b * stride_qe_b + k * stride_qe_k + offs_m[:, None] * DE
         qe = tl.load(qe_rows + offs_e[None, :], mask=row_ok[:, None] & (offs_e[None, :] < DE),
                      other=0.0)
-    slope = 0.0
-    b_self = 0.0
-    b_cross = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(SLOPE + k)
-    if HAS_SELF:
-        b_self = tl.load(SELF + k)
-    if HAS_CROSS:
-        b_cross = tl.load(CROSS + k)
+    slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
     l_i = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -159,8 +167,9 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DE
                     n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                     HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
                     HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr,
-                    HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
+                    HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_DE: tl.constexpr):
     """One program per key block: d kv = P^T do (value role) + scale dS^T q (key role)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -176,15 +185,7 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DE
     if HAS_EXTRA:
         ke = tl.load(KE + b * L * DE + offs_n[:, None] * DE + offs_e[None, :],
                      mask=col_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
-    slope = 0.0
-    b_self = 0.0
-    b_cross = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(SLOPE + k)
-    if HAS_SELF:
-        b_self = tl.load(SELF + k)
-    if HAS_CROSS:
-        b_cross = tl.load(CROSS + k)
+    slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     dkv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dke = tl.zeros([BLOCK_N, BLOCK_DE], ACC)
     lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
@@ -235,8 +236,9 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DEL
                    DSDIAG, DSDIST, n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                    HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
                    HAS_EXTRA: tl.constexpr, HAS_BIAS: tl.constexpr, EXTRA_VALUES: tl.constexpr,
-                   HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr):
+                   HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DE: tl.constexpr):
     """One program per query block: dq = scale dS kv, dqe = scale dS ke, and per-row sums
     dS_ii and sum_j dS_ij (i - j) for the self-bias and ALiBi-slope gradients."""
     pid_m = tl.program_id(0)
@@ -262,15 +264,7 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DEL
                       mask=row_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
     lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
-    slope = 0.0
-    b_self = 0.0
-    b_cross = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(SLOPE + k)
-    if HAS_SELF:
-        b_self = tl.load(SELF + k)
-    if HAS_CROSS:
-        b_cross = tl.load(CROSS + k)
+    slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     dqe = tl.zeros([BLOCK_M, BLOCK_DE], ACC)
     ds_diag = tl.zeros([BLOCK_M], ACC)
@@ -337,15 +331,8 @@ def _headsum_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DO, DPB, LSE, DELTA, OUT, n_h
                         mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
             kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
                          mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-            slope = 0.0
-            b_self = 0.0
-            b_cross = 0.0
-            if HAS_ALIBI:
-                slope = tl.load(SLOPE + k)
-            if HAS_SELF:
-                b_self = tl.load(SELF + k)
-            if HAS_CROSS:
-                b_cross = tl.load(CROSS + k)
+            slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF,
+                                                  HAS_CROSS)
             s = _scores(q, kv, q, kv, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
                         HAS_ALIBI, HAS_SELF, HAS_CROSS, False, HAS_BIAS, ACC, PREC)
             lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
@@ -380,15 +367,7 @@ def _rowdot_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DPB, LSE, OUT, n_heads, L, D, 
     row_ok = offs_m < L
     q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    slope = 0.0
-    b_self = 0.0
-    b_cross = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(SLOPE + k)
-    if HAS_SELF:
-        b_self = tl.load(SELF + k)
-    if HAS_CROSS:
-        b_cross = tl.load(CROSS + k)
+    slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
     acc = tl.zeros([BLOCK_M], ACC)
     hi = tl.minimum((pid_m + 1) * BLOCK_M, L)
@@ -488,7 +467,7 @@ class _Launch:
         return o, lse, oe
 
     def backward(self, lse, do, doe, dpb, delta, extra_values):
-        """``(dq, dkv, dqe, dke, ds_diag, ds_dist)``; ``dqe``/``dke`` per head, in-tile pair only."""
+        """``(dq, dkv, dqe, dke, ds_diag, ds_dist)``; ``dqe``/``dke`` per head (in-tile pair)."""
         B, K, L, D, DE = self.B, self.K, self.L, self.D, self.DE
         common = dict(HAS_EXTRA=self.has_extra, EXTRA_VALUES=bool(extra_values),
                       HAS_DPB=dpb is not None, **self.flags, **self.tiles["bwd"][0],
