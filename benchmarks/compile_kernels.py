@@ -190,11 +190,15 @@ def main(argv=None):
               f"stack+local {r['stack_bytes'] + r['local_bytes']:>5} B "
               f"shared {r['dynamic_shared_bytes']:>6} B "
               f"warps {r['num_warps']} stages {r['num_stages']}")
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    try:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                             text=True).stdout.strip() or None
+    except OSError:  # no git on this machine
+        git = None
     payload = dict(
         benchmark="compile_kernels", note="ahead-of-time compilation without a GPU; no timings",
         env=dict(triton=triton.__version__, torch=torch.__version__, python=sys.version.split()[0],
-                 git_commit=git.stdout.strip() or None,
+                 git_commit=git,
                  date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
         archs=[f"sm_{a}" for a in args.arch], dtypes=[str(d) for d in dtypes],
         summary=dict(kernels=len(records), spilling=[f"{r['arch']} {r['case']} {r['kernel']}"
