@@ -57,6 +57,14 @@ __all__ = ["attention_forward", "attention_backward", "INTERPRET"]
 
 
 @triton.jit
+def _rows(X, offs, ok, offs_c, C):
+    """Rows ``offs`` (where ``ok``) and columns ``offs_c`` (< C) of the row-major (., C) block
+    at ``X``; 0 outside."""
+    return tl.load(X + offs[:, None] * C + offs_c[None, :],
+                   mask=ok[:, None] & (offs_c[None, :] < C), other=0.0)
+
+
+@triton.jit
 def _shared_tile(X, b, offs_m, offs_n, L):
     """Tile (offs_m, offs_n) of batch ``b`` of a head-shared (B, L, L) matrix, 0 outside."""
     ptr = X + b.to(tl.int64) * L * L + offs_m[:, None] * L + offs_n[None, :]
@@ -118,13 +126,10 @@ def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, O, OE, LSE,
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DE)
     row_ok = offs_m < L
-    q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
     qe = q
     if HAS_EXTRA:
-        qe_rows = QE + b * stride_qe_b + k * stride_qe_k + offs_m[:, None] * DE
-        qe = tl.load(qe_rows + offs_e[None, :], mask=row_ok[:, None] & (offs_e[None, :] < DE),
-                     other=0.0)
+        qe = _rows(QE + b * stride_qe_b + k * stride_qe_k, offs_m, row_ok, offs_e, DE)
     slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
     l_i = tl.zeros([BLOCK_M], ACC)
@@ -134,12 +139,10 @@ def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, O, OE, LSE,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < L
-        kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],  # key AND value
-                     mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        kv = _rows(KV + bh * L * D, offs_n, col_ok, offs_d, D)  # key AND value
         ke = kv
         if HAS_EXTRA:
-            ke = tl.load(KE + b * L * DE + offs_n[:, None] * DE + offs_e[None, :],
-                         mask=col_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
+            ke = _rows(KE + b * L * DE, offs_n, col_ok, offs_e, DE)
         s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
                     HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, HAS_BIAS, ACC, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -179,12 +182,10 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DE
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DE)
     col_ok = offs_n < L
-    kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
-                 mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    kv = _rows(KV + bh * L * D, offs_n, col_ok, offs_d, D)
     ke = kv
     if HAS_EXTRA:
-        ke = tl.load(KE + b * L * DE + offs_n[:, None] * DE + offs_e[None, :],
-                     mask=col_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
+        ke = _rows(KE + b * L * DE, offs_n, col_ok, offs_e, DE)
     slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     dkv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dke = tl.zeros([BLOCK_N, BLOCK_DE], ACC)
@@ -192,19 +193,14 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DE
     for start_m in range(lo, L, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < L
-        q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                    mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-        do = tl.load(DO + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                     mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
+        do = _rows(DO + bh * L * D, offs_m, row_ok, offs_d, D)
         qe = q
         doe = do
         if HAS_EXTRA:
-            qe_rows = QE + b * stride_qe_b + k * stride_qe_k + offs_m[:, None] * DE
-            qe = tl.load(qe_rows + offs_e[None, :], mask=row_ok[:, None] & (offs_e[None, :] < DE),
-                         other=0.0)
+            qe = _rows(QE + b * stride_qe_b + k * stride_qe_k, offs_m, row_ok, offs_e, DE)
         if EXTRA_VALUES:
-            doe = tl.load(DOE + bh * L * DE + offs_m[:, None] * DE + offs_e[None, :],
-                          mask=row_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
+            doe = _rows(DOE + bh * L * DE, offs_m, row_ok, offs_e, DE)
         lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
         s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
@@ -249,19 +245,14 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DEL
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DE)
     row_ok = offs_m < L
-    q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    do = tl.load(DO + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                 mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
+    do = _rows(DO + bh * L * D, offs_m, row_ok, offs_d, D)
     qe = q
     doe = do
     if HAS_EXTRA:
-        qe_rows = QE + b * stride_qe_b + k * stride_qe_k + offs_m[:, None] * DE
-        qe = tl.load(qe_rows + offs_e[None, :], mask=row_ok[:, None] & (offs_e[None, :] < DE),
-                     other=0.0)
+        qe = _rows(QE + b * stride_qe_b + k * stride_qe_k, offs_m, row_ok, offs_e, DE)
     if EXTRA_VALUES:
-        doe = tl.load(DOE + bh * L * DE + offs_m[:, None] * DE + offs_e[None, :],
-                      mask=row_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
+        doe = _rows(DOE + bh * L * DE, offs_m, row_ok, offs_e, DE)
     lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
     slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
@@ -273,12 +264,10 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DEL
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < L
-        kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
-                     mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        kv = _rows(KV + bh * L * D, offs_n, col_ok, offs_d, D)
         ke = kv
         if HAS_EXTRA:
-            ke = tl.load(KE + b * L * DE + offs_n[:, None] * DE + offs_e[None, :],
-                         mask=col_ok[:, None] & (offs_e[None, :] < DE), other=0.0)
+            ke = _rows(KE + b * L * DE, offs_n, col_ok, offs_e, DE)
         s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
                     HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, HAS_BIAS, ACC, PREC)
         p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
@@ -327,10 +316,8 @@ def _headsum_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DO, DPB, LSE, DELTA, OUT, n_h
     if pid_n * BLOCK_N < (pid_m + 1) * BLOCK_M:
         for k in range(0, n_heads):
             bh = b * n_heads + k
-            q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-            kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
-                         mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
+            kv = _rows(KV + bh * L * D, offs_n, col_ok, offs_d, D)
             slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF,
                                                   HAS_CROSS)
             s = _scores(q, kv, q, kv, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
@@ -338,8 +325,7 @@ def _headsum_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DO, DPB, LSE, DELTA, OUT, n_h
             lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
             p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
             if GRAD:
-                do = tl.load(DO + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                             mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+                do = _rows(DO + bh * L * D, offs_m, row_ok, offs_d, D)
                 delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
                 dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
                 if HAS_DPB:
@@ -365,16 +351,14 @@ def _rowdot_kernel(Q, KV, SLOPE, SELF, CROSS, EB, DPB, LSE, OUT, n_heads, L, D, 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < L
-    q = tl.load(Q + bh * L * D + offs_m[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
     slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
     acc = tl.zeros([BLOCK_M], ACC)
     hi = tl.minimum((pid_m + 1) * BLOCK_M, L)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kv = tl.load(KV + bh * L * D + offs_n[:, None] * D + offs_d[None, :],
-                     mask=(offs_n[:, None] < L) & (offs_d[None, :] < D), other=0.0)
+        kv = _rows(KV + bh * L * D, offs_n, offs_n < L, offs_d, D)
         s = _scores(q, kv, q, kv, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
                     HAS_ALIBI, HAS_SELF, HAS_CROSS, False, HAS_BIAS, ACC, PREC)
         p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
