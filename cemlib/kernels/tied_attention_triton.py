@@ -166,6 +166,24 @@ def _fwd_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, O, OE, LSE,
 
 
 @triton.jit
+def _query_side(Q, DO, QE, DOE, LSE, DELTA, b, k, bh, offs_m, row_ok, offs_d, offs_e, L, D, DE,
+                stride_qe_b, stride_qe_k, HAS_EXTRA: tl.constexpr, EXTRA_VALUES: tl.constexpr):
+    """The backward kernels' query-side rows: ``q, do, qe, doe, lse, Delta`` (``qe``/``doe``
+    alias ``q``/``do`` where absent)."""
+    q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
+    do = _rows(DO + bh * L * D, offs_m, row_ok, offs_d, D)
+    qe = q
+    doe = do
+    if HAS_EXTRA:
+        qe = _rows(QE + b * stride_qe_b + k * stride_qe_k, offs_m, row_ok, offs_e, DE)
+    if EXTRA_VALUES:
+        doe = _rows(DOE + bh * L * DE, offs_m, row_ok, offs_e, DE)
+    lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
+    return q, do, qe, doe, lse, delta
+
+
+@triton.jit
 def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DELTA, DKV, DKE,
                     n_heads, L, D, DE, stride_qe_b, stride_qe_k, scale,
                     HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
@@ -193,16 +211,9 @@ def _bwd_dkv_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DE
     for start_m in range(lo, L, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < L
-        q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
-        do = _rows(DO + bh * L * D, offs_m, row_ok, offs_d, D)
-        qe = q
-        doe = do
-        if HAS_EXTRA:
-            qe = _rows(QE + b * stride_qe_b + k * stride_qe_k, offs_m, row_ok, offs_e, DE)
-        if EXTRA_VALUES:
-            doe = _rows(DOE + bh * L * DE, offs_m, row_ok, offs_e, DE)
-        lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
+        q, do, qe, doe, lse, delta = _query_side(
+            Q, DO, QE, DOE, LSE, DELTA, b, k, bh, offs_m, row_ok, offs_d, offs_e, L, D, DE,
+            stride_qe_b, stride_qe_k, HAS_EXTRA, EXTRA_VALUES)
         s = _scores(q, kv, qe, ke, EB, b, offs_m, offs_n, L, scale, slope, b_self, b_cross,
                     HAS_ALIBI, HAS_SELF, HAS_CROSS, HAS_EXTRA, HAS_BIAS, ACC, PREC)
         p = tl.where(row_ok[:, None], tl.exp(s - lse[:, None]), 0.0)
@@ -245,16 +256,9 @@ def _bwd_dq_kernel(Q, KV, QE, KE, SLOPE, SELF, CROSS, EB, DO, DOE, DPB, LSE, DEL
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_DE)
     row_ok = offs_m < L
-    q = _rows(Q + bh * L * D, offs_m, row_ok, offs_d, D)
-    do = _rows(DO + bh * L * D, offs_m, row_ok, offs_d, D)
-    qe = q
-    doe = do
-    if HAS_EXTRA:
-        qe = _rows(QE + b * stride_qe_b + k * stride_qe_k, offs_m, row_ok, offs_e, DE)
-    if EXTRA_VALUES:
-        doe = _rows(DOE + bh * L * DE, offs_m, row_ok, offs_e, DE)
-    lse = tl.load(LSE + bh * L + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + bh * L + offs_m, mask=row_ok, other=0.0)
+    q, do, qe, doe, lse, delta = _query_side(
+        Q, DO, QE, DOE, LSE, DELTA, b, k, bh, offs_m, row_ok, offs_d, offs_e, L, D, DE,
+        stride_qe_b, stride_qe_k, HAS_EXTRA, EXTRA_VALUES)
     slope, b_self, b_cross = _head_biases(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     dqe = tl.zeros([BLOCK_M, BLOCK_DE], ACC)
