@@ -52,6 +52,8 @@ def environment(device: torch.device) -> dict:
     except ImportError:
         info["triton"] = None
     info["triton_interpret"] = os.environ.get("TRITON_INTERPRET") == "1"
+    from cemlib.train.results import git_commit
+    info["git_commit"] = git_commit()
     if device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda

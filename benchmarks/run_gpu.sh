@@ -7,8 +7,12 @@
 # Usage: bash benchmarks/run_gpu.sh [--quick]   (--quick: fewer timed repetitions)
 # Prints the wall time of each part. The Shakespeare GPU preset is separate (several minutes):
 #   python -m cemlib.train --experiment shakespeare-llama --preset gpu --out runs/llama-gpu
+# The project's pytest options load nbval; -o addopts=-ra drops them, so a GPU image without the
+# book's toolchain runs the kernel tests. A copy of the tree without .git records its commit from
+# CEMLIB_GIT_COMMIT (cemlib.train.results.git_commit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU')"
 rep=100
 if [[ "${1:-}" == "--quick" ]]; then rep=20; fi
@@ -22,7 +26,7 @@ part() {  # part NAME COMMAND...: run, then print its wall time
   echo "== ${name}: $((SECONDS - t0)) s"
 }
 
-part "kernel tests (CUDA)" python -m pytest -q -p no:cacheprovider \
+part "kernel tests (CUDA)" python -m pytest -q -p no:cacheprovider -o addopts=-ra \
   tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py
 part "attention benchmark" python benchmarks/bench_attention.py --rep "$rep"
 part "MLP benchmark" python benchmarks/bench_mlp.py --rep "$rep"

@@ -115,3 +115,12 @@ def test_sweep_experiment_trains_each_lr(monkeypatch):
     assert seen == ["optim.lr=0.001", "optim.lr=0.004", "optim.lr=0.016"]
     assert len(res.losses) == 3 and 1e-3 <= res.best_lr <= 1.6e-2
     assert res.best_loss <= min(res.losses) + 1e-12
+
+
+def test_git_commit_outside_a_repository(tmp_path, monkeypatch):
+    """A copy of the tree without .git (a GPU machine) records the commit it was made from."""
+    from cemlib.train.results import git_commit
+    monkeypatch.delenv("CEMLIB_GIT_COMMIT", raising=False)
+    assert git_commit(tmp_path) is None
+    monkeypatch.setenv("CEMLIB_GIT_COMMIT", "0123abc")
+    assert git_commit(tmp_path) == "0123abc"

@@ -9,6 +9,7 @@ exact command that reproduces the run. Chapters load stored GPU results with
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -30,18 +31,23 @@ class ResultsError(ValueError):
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
-    """``HEAD`` commit of the repository holding the code (``+dirty`` if modified), or ``None``."""
+    """``HEAD`` commit of the repository holding the code (``+dirty`` if modified), or ``None``.
+
+    Where the code runs from a copy without ``.git`` (a GPU machine that receives the working tree
+    only), the environment variable ``CEMLIB_GIT_COMMIT`` names the commit the copy was made from.
+    """
     cwd = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+    env = os.environ.get("CEMLIB_GIT_COMMIT")
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                               timeout=10)
         if head.returncode != 0:
-            return None
+            return env or None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
                                capture_output=True, text=True, timeout=10)
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return env or None
 
 
 def _cpu_name() -> str:
