@@ -115,8 +115,8 @@ def test_attention_fp32_matches_reference(case):
     for name in inp:
         assert got_g[name].dtype == inp[name].dtype, name
         # the cross-bias gradient is exactly zero when L = 1; compare absolutely there
-        if L == 1 and name == "cross_bias":
-            assert got_g[name].abs().max() < 1e-6
+        if L == 1 and name == "cross_bias":  # no pair j < i: only rounding residue of dS_00,
+            assert got_g[name].abs().max() < 1e-5  # which is dp - Delta = 0 in exact arithmetic
             continue
         assert rel_err(got_g[name], ref_g[name]) < 1e-4, (name, rel_err(got_g[name], ref_g[name]))
 
@@ -159,7 +159,7 @@ def test_attention_value_and_key_roles_of_kv():
     (ops.tied_attention(q, kv, scale=0.5, alibi=inp["alibi"])[0] ** 2).sum().backward()
     k_role, v_role = inp["kv"].clone().requires_grad_(), inp["kv"].clone().requires_grad_()
     s = torch.einsum("bkid,bkjd->bkij", q, k_role) * 0.5 + reference.attention_bias(
-        21, 2, alibi=inp["alibi"], dtype=torch.float64)
+        21, 2, alibi=inp["alibi"], dtype=torch.float64, device=DEVICE)
     (torch.einsum("bkij,bkjd->bkid", s.softmax(-1), v_role) ** 2).sum().backward()
     assert rel_err(kv.grad, k_role.grad + v_role.grad) < 1e-12
     assert rel_err(kv.grad, v_role.grad) > 1e-3  # the key role is not negligible
@@ -196,8 +196,8 @@ def test_attention_extra_paths_match_reference(case, monkeypatch):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         assert rel_err(a, b) < TOL[torch.float32], name
     for name in inp:
-        if L == 1 and name == "cross_bias":
-            assert got_g[name].abs().max() < 1e-6
+        if L == 1 and name == "cross_bias":  # no pair j < i: only rounding residue of dS_00,
+            assert got_g[name].abs().max() < 1e-5  # which is dp - Delta = 0 in exact arithmetic
             continue
         assert rel_err(got_g[name], ref_g[name]) < 1e-4, (name, rel_err(got_g[name], ref_g[name]))
 
@@ -221,14 +221,15 @@ def test_head_sums_of_probabilities_and_score_gradients():
     inp = make_attention_inputs(B, K, L, D, 0, False, True, torch.float64)
     q, kv = inp["q"], inp["kv"]
     bias = dict(alibi=inp["alibi"], self_bias=inp["self_bias"], cross_bias=inp["cross_bias"])
-    E = torch.randn(B, L, L, dtype=torch.float64)
+    E = torch.randn(B, L, L, dtype=torch.float64).to(DEVICE)
     run = tied_attention_triton._Launch(q, kv, 0.4, *bias.values(), None, None, E)
     o, lse, _ = run.forward(False)
     s = (torch.einsum("bkid,bkjd->bkij", q, kv) * 0.4 + E[:, None]
-         + reference.attention_bias(L, K, **bias, dtype=torch.float64))
+         + reference.attention_bias(L, K, **bias, dtype=torch.float64, device=DEVICE))
     P = torch.softmax(s, -1)
     assert rel_err(run.head_sum(lse), P.sum(1)) < 1e-13
-    do, dpb = torch.randn(B, K, L, D, dtype=torch.float64), torch.randn(B, L, L, dtype=torch.float64)
+    do = torch.randn(B, K, L, D, dtype=torch.float64).to(DEVICE)
+    dpb = torch.randn(B, L, L, dtype=torch.float64).to(DEVICE)
     dpb_rows = run.row_dot(lse, dpb)
     assert rel_err(dpb_rows, (P * dpb[:, None]).sum(-1)) < 1e-13
     s_leaf = s.clone().requires_grad_()
