@@ -144,7 +144,7 @@ def _shakespeare(name: str, attn: str, mlp: str) -> Experiment:
         model={"d_model": 384, "n_layers": 6, "n_heads": 6, "dropout": 0.2, "check_finite": False,
                **arch},
         optim=OptimConfig(lr=1e-3, beta2=0.99, warmup_steps=100, min_lr_ratio=0.1),
-        train=TrainConfig(max_steps=5000, batch_size=64, context_length=256, eval_interval=250,
+        train=TrainConfig(max_steps=5000, batch_size=64, context_length=256, eval_interval=500,
                           eval_batches=200, log_interval=10, compile=True))
     what = "Llama baseline" if attn == "llama" else "full CEM (attention and MLP)"
     return Experiment(name, f"character-level tiny Shakespeare, {what}", _build_lm,
