@@ -34,10 +34,13 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
     """``HEAD`` commit of the repository holding the code (``+dirty`` if modified), or ``None``.
 
     Where the code runs from a copy without ``.git`` (a GPU machine that receives the working tree
-    only), the environment variable ``CEMLIB_GIT_COMMIT`` names the commit the copy was made from.
+    only, or a stale ``.git``), the environment variable ``CEMLIB_GIT_COMMIT`` names the commit the
+    copy was made from; when set it takes precedence.
     """
     cwd = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
     env = os.environ.get("CEMLIB_GIT_COMMIT")
+    if env:
+        return env
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                               timeout=10)
