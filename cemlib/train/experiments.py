@@ -131,25 +131,37 @@ def _build_lm(kwargs: dict, vocab_size: int, context_length: int) -> nn.Module:
     return LanguageModel(LMConfig(vocab_size=vocab_size, context_length=context_length, **kwargs))
 
 
-def _shakespeare(name: str, attn: str, mlp: str) -> Experiment:
+def _shakespeare(name: str, attn: str, mlp: str, what: str, cpu_extra=None, gpu_extra=None) -> Experiment:
     arch = {"attn": attn, "mlp": mlp}
     cpu = ExperimentConfig(
         experiment=name, preset="cpu",
-        model={"d_model": 128, "n_layers": 2, "n_heads": 4, **arch},
+        model={"d_model": 128, "n_layers": 2, "n_heads": 4, **arch, **(cpu_extra or {})},
         optim=OptimConfig(lr=3e-3, beta2=0.99, warmup_steps=20, min_lr_ratio=0.1),
         train=TrainConfig(max_steps=600, batch_size=32, context_length=64, eval_interval=50,
                           eval_batches=8, log_interval=10))
     gpu = ExperimentConfig(
         experiment=name, preset="gpu",
         model={"d_model": 384, "n_layers": 6, "n_heads": 6, "dropout": 0.2, "check_finite": False,
-               **arch},
+               **arch, **(gpu_extra or {})},
         optim=OptimConfig(lr=1e-3, beta2=0.99, warmup_steps=100, min_lr_ratio=0.1),
         train=TrainConfig(max_steps=5000, batch_size=64, context_length=256, eval_interval=500,
                           eval_batches=200, log_interval=10, compile=True))
-    what = "Llama baseline" if attn == "llama" else "full CEM (attention and MLP)"
-    return Experiment(name, f"character-level tiny Shakespeare, {what}", _build_lm,
+    return Experiment(name, f"character-level tiny Shakespeare: {what}", _build_lm,
                       {"cpu": cpu, "gpu": gpu})
 
 
-register(_shakespeare("shakespeare-llama", "llama", "llama"))
-register(_shakespeare("shakespeare-cem", "cem", "cem"))
+def _pm_width(d_model: int) -> dict:
+    """CEM MLP width ``d_v = 1.5 d_ff``: the tied MLP's 2 d d_v weights match SwiGLU's 3 d d_ff."""
+    from cemlib.models.lm import default_d_ff
+    return {"d_v": 3 * default_d_ff(d_model) // 2}
+
+
+register(_shakespeare("shakespeare-llama", "llama", "llama", "Llama baseline (RoPE attention, SwiGLU)"))
+register(_shakespeare("shakespeare-cem", "cem", "cem", "full CEM: CEM attention and CEM MLP, T = 1"))
+register(_shakespeare("shakespeare-cem-attn", "cem", "llama",
+                      "CEM attention (tied, T = 1) with the SwiGLU MLP (CEM Fig. 2a)"))
+register(_shakespeare("shakespeare-cem-mlp", "llama", "cem",
+                      "Llama attention with the CEM MLP, dimension-matched d_v = d_ff (CEM Fig. 2b)"))
+register(_shakespeare("shakespeare-cem-mlp-pm", "llama", "cem",
+                      "Llama attention with the CEM MLP, parameter-matched d_v = 1.5 d_ff (CEM Fig. 2b)",
+                      _pm_width(128), _pm_width(384)))
