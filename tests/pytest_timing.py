@@ -15,6 +15,8 @@ def _part(nodeid: str) -> str:
         return "benchmark scripts (CPU smoke)"
     if name.startswith("test_train"):
         return "training engine"
+    if name.startswith("test_stored_results"):
+        return "stored results (re-run from their commands)"
     return "cemlib unit tests"
 
 

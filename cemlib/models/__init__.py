@@ -2,8 +2,12 @@
 
 from cemlib.models.hyperset import HyperSETModel
 from cemlib.models.lm import LanguageModel, LMConfig
+from cemlib.models.newton_transformer import NewtonTransformer
 from cemlib.models.nrgpt import GPTModel, NRGPTModel, RecurrentGPTModel
+from cemlib.models.recurrent_transformer import RecurrentTransformer
+from cemlib.models.regression import MLPRegressor
 from cemlib.models.params import count_parameters, flops_per_token, meta_model, table1_config, table1_report
 
 __all__ = ["LMConfig", "LanguageModel", "NRGPTModel", "RecurrentGPTModel", "GPTModel", "HyperSETModel",
+           "RecurrentTransformer", "NewtonTransformer", "MLPRegressor",
            "count_parameters", "flops_per_token", "meta_model", "table1_config", "table1_report"]

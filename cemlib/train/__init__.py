@@ -2,12 +2,16 @@
 
 - :func:`run_experiment` -- the one call chapters make: a named experiment and preset (``cpu``: about
   a minute on 2 cores; ``gpu``: the mid-size model) -> a results dictionary;
-- :class:`Trainer` -- trains any ``nn.Module`` mapping token ids to logits: AdamW, cosine schedule
-  with warm-up, clipping, bf16 autocast and ``torch.compile`` on CUDA, gradient accumulation,
-  periodic evaluation, exact resume, NaN/Inf detection, DDP/FSDP under ``torchrun``;
+- :class:`Trainer` -- trains a model on a :class:`~cemlib.train.tasks.Task` (language modelling,
+  answer prediction, regression, per-position and per-example classification; the datasets are
+  named in :data:`~cemlib.train.task_data.TASKS`): AdamW, cosine schedule with warm-up, clipping,
+  bf16 autocast (fp16 with a gradient scaler on GPUs without bf16) and ``torch.compile`` on CUDA,
+  gradient accumulation, periodic evaluation with the task's metrics, exact resume, NaN/Inf
+  detection, DDP/FSDP under ``torchrun``;
 - :mod:`~cemlib.train.results` -- results JSON (config, curves, device, versions, commit, command),
   loader and plot helper; :mod:`~cemlib.train.sweep` -- learning-rate sweeps with Akima
-  interpolation of the optimum (CEM Fig. 3a/5).
+  interpolation of the optimum (CEM Fig. 3a/5) and grids of experiments x overrides x seeds with
+  a mean ± std summary (:func:`grid_sweep`).
 """
 
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -17,7 +21,11 @@ from cemlib.train.distributed import DistInfo, init_distributed
 from cemlib.train.experiments import EXPERIMENTS, Experiment, build, get_config, register, run_experiment
 from cemlib.train.flops import measure_peak_flops, mfu, stated_peak_tflops
 from cemlib.train.results import load_results, plot_curves, save_results
-from cemlib.train.sweep import CEM_LR_GRID, akima_optimum, lr_sweep, plot_sweep, sweep_experiment
+from cemlib.train.sweep import (CEM_LR_GRID, akima_optimum, grid_sweep, lr_sweep, plot_sweep, summarize_runs,
+                                sweep_experiment)
+from cemlib.train.task_data import TASKS, make_task
+from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, LanguageModelTask, RegressionTask,
+                                Task, TaskDataError, TokenClassificationTask)
 from cemlib.train.trainer import NonFiniteError, Trainer, lm_loss
 
 __all__ = ["run_experiment", "get_config", "build", "register", "Experiment", "EXPERIMENTS",
@@ -25,4 +33,6 @@ __all__ = ["run_experiment", "get_config", "build", "register", "Experiment", "E
            "NonFiniteError", "lm_loss", "TokenBatches", "CheckpointError", "load_checkpoint",
            "save_checkpoint", "load_results", "save_results", "plot_curves", "akima_optimum", "lr_sweep",
            "sweep_experiment", "plot_sweep", "CEM_LR_GRID", "mfu", "stated_peak_tflops",
-           "measure_peak_flops", "init_distributed", "DistInfo"]
+           "measure_peak_flops", "init_distributed", "DistInfo", "grid_sweep", "summarize_runs", "TASKS",
+           "make_task", "Task", "TaskDataError", "ExampleBatches", "LanguageModelTask", "AnswerTask",
+           "RegressionTask", "TokenClassificationTask", "ClassificationTask"]

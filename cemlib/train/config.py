@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 __all__ = ["OptimConfig", "TrainConfig", "DataConfig", "ExperimentConfig", "ConfigError",
-           "micro_batch_size", "apply_overrides"]
+           "micro_batch_size", "apply_overrides", "resolve_precision", "PRECISIONS"]
 
 
 class ConfigError(ValueError):
@@ -90,8 +90,9 @@ class TrainConfig:
 
     ``batch_size`` is the *global* number of sequences per optimiser step. It is split into
     ``grad_accum`` micro-steps on each of the ``world_size`` processes, so it must be divisible by
-    ``grad_accum * world_size`` (see :func:`micro_batch_size`). ``precision="auto"`` means bf16
-    autocast on CUDA and float32 elsewhere. ``compile`` applies ``torch.compile`` on CUDA only.
+    ``grad_accum * world_size`` (see :func:`micro_batch_size`). ``precision`` (see
+    :func:`resolve_precision`): ``auto`` is bf16 autocast on a CUDA GPU with bf16, fp16 autocast
+    with a gradient scaler on one without (Colab's T4), float32 elsewhere. ``compile`` applies ``torch.compile`` on CUDA only.
     ``peak_tflops`` overrides the peak used for MFU (else a table of known GPUs; CPU has none).
     """
 
@@ -115,8 +116,8 @@ class TrainConfig:
             _pos_int(getattr(self, name), f"train.{name}")
         _nonneg_int(self.checkpoint_interval, "train.checkpoint_interval")
         _nonneg_int(self.seed, "train.seed")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ConfigError(f"train.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.peak_tflops is not None:
             _pos_float(self.peak_tflops, "train.peak_tflops")
         micro_batch_size(self, 1)
@@ -124,6 +125,29 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.context_length
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def resolve_precision(precision: str, device_type: str, bf16_supported: bool) -> str:
+    """The arithmetic a run uses: ``"bf16"``, ``"fp16"`` (autocast with a gradient scaler) or
+    ``"fp32"``. ``auto``: bf16 on a CUDA GPU that supports it, fp16 on one that does not (e.g. a
+    T4 or V100), fp32 on CPU/MPS. Asking for bf16 on a GPU without it is an error, not a silent
+    fallback; fp16 is for CUDA only."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "auto":
+        if device_type != "cuda":
+            return "fp32"
+        return "bf16" if bf16_supported else "fp16"
+    if precision == "bf16" and device_type == "cuda" and not bf16_supported:
+        raise ConfigError("train.precision='bf16' but this GPU has no bf16 support; use "
+                          "train.precision=fp16 (gradient scaling) or auto")
+    if precision == "fp16" and device_type != "cuda":
+        raise ConfigError(f"train.precision='fp16' needs a CUDA GPU (device is {device_type}); "
+                          f"use fp32 or auto")
+    return precision
 
 
 def micro_batch_size(train: TrainConfig, world_size: int) -> int:
@@ -139,7 +163,8 @@ def micro_batch_size(train: TrainConfig, world_size: int) -> int:
 
 @dataclass
 class DataConfig:
-    """Which token stream to train on. ``path=None`` uses the copy shipped with cemlib."""
+    """Which dataset (:data:`cemlib.train.task_data.TASKS`); ``path=None`` uses the copy shipped
+    with cemlib (or generated data); ``val_fraction`` is Shakespeare's held-out tail."""
 
     name: str = "shakespeare"
     path: str | None = None
@@ -148,11 +173,15 @@ class DataConfig:
 
 @dataclass
 class ExperimentConfig:
-    """One run: experiment and preset names, model keyword arguments, data, optimiser, budget."""
+    """One run: experiment and preset names, model keyword arguments, data, optimiser, budget.
+
+    ``task`` holds the keyword arguments of the dataset ``data.name`` (see
+    :mod:`cemlib.train.task_data`), e.g. ``{"kernel": "matern"}`` for ``gp``."""
 
     experiment: str
     preset: str
     model: dict = field(default_factory=dict)
+    task: dict = field(default_factory=dict)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -167,6 +196,7 @@ class ExperimentConfig:
     def from_dict(cls, d: dict) -> "ExperimentConfig":
         try:
             return cls(experiment=d["experiment"], preset=d["preset"], model=dict(d.get("model", {})),
+                       task=dict(d.get("task", {})),
                        data=DataConfig(**d.get("data", {})), optim=OptimConfig(**d.get("optim", {})),
                        train=TrainConfig(**d.get("train", {})))
         except (KeyError, TypeError) as err:
@@ -190,7 +220,8 @@ def _parse_value(text: str):
 def apply_overrides(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
     """Return a copy of ``cfg`` with ``section.field=value`` overrides applied and re-validated.
 
-    Sections are ``model``, ``data``, ``optim`` and ``train``; e.g. ``train.max_steps=200`` or
+    Sections are ``model``, ``task``, ``data``, ``optim`` and ``train`` (``model`` and ``task`` are
+    free-form: their builders reject unknown names); e.g. ``train.max_steps=200`` or
     ``model.d_model=128``. Unknown sections or fields raise :class:`ConfigError` naming them.
     """
     d = cfg.to_dict()
@@ -199,10 +230,10 @@ def apply_overrides(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentCo
         section, dot, name = key.strip().partition(".")
         if not sep or not dot or not name:
             raise ConfigError(f"override {item!r} must look like section.field=value")
-        if section not in ("model", "data", "optim", "train"):
+        if section not in ("model", "task", "data", "optim", "train"):
             raise ConfigError(f"override {item!r}: unknown section {section!r} "
-                              f"(expected model, data, optim or train)")
-        if section != "model":
+                              f"(expected model, task, data, optim or train)")
+        if section not in ("model", "task"):
             known = {f.name for f in fields({"data": DataConfig, "optim": OptimConfig,
                                              "train": TrainConfig}[section])}
             if name not in known:

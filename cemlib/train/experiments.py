@@ -26,9 +26,10 @@ from typing import Callable
 
 from torch import nn
 
-from cemlib.train.config import ConfigError, ExperimentConfig, OptimConfig, TrainConfig, \
+from cemlib.train.config import ConfigError, DataConfig, ExperimentConfig, OptimConfig, TrainConfig, \
     apply_overrides
-from cemlib.train.data import TokenBatches
+from cemlib.train.task_data import make_task
+from cemlib.train.tasks import Task
 from cemlib.utils import seed_everything
 
 __all__ = ["Experiment", "register", "EXPERIMENTS", "get_config", "load_data", "build", "run_experiment",
@@ -37,7 +38,8 @@ __all__ = ["Experiment", "register", "EXPERIMENTS", "get_config", "load_data", "
 
 @dataclass(frozen=True)
 class Experiment:
-    """A model factory ``build_model(model_kwargs, vocab_size, context_length)`` and its presets."""
+    """A model factory ``build_model(model_kwargs, task) -> nn.Module`` (it reads ``task.info``:
+    ``vocab_size``, ``context_length``, ``n_classes``, ``in_dim``, ...) and its presets."""
 
     name: str
     description: str
@@ -71,29 +73,19 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = ()) 
     return apply_overrides(cfg, list(overrides)) if overrides else cfg
 
 
-def load_data(cfg: ExperimentConfig) -> tuple[TokenBatches, TokenBatches, int]:
-    """``(train batches, val batches, vocab size)`` for ``cfg.data``; clear errors if missing."""
-    d, tc = cfg.data, cfg.train
-    if d.name != "shakespeare":
-        raise ConfigError(f"unknown dataset data.name={d.name!r}; known: shakespeare")
-    if d.path is not None and not Path(d.path).is_file():
-        raise FileNotFoundError(f"data file for data.name={d.name!r} not found: data.path={d.path!r} "
-                                f"(leave data.path unset to use the copy shipped with cemlib)")
-    from cemlib.data.shakespeare import load_shakespeare
-    splits = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
-    return (TokenBatches(splits.train, tc.context_length, seed=tc.seed, name="train"),
-            TokenBatches(splits.val, tc.context_length, seed=tc.seed + 2, name="val"),
-            splits.tokenizer.vocab_size)
+def load_data(cfg: ExperimentConfig) -> Task:
+    """The task (data splits, loss, metrics) of ``cfg``; see :mod:`cemlib.train.task_data`."""
+    return make_task(cfg)
 
 
-def build(cfg: ExperimentConfig) -> tuple[nn.Module, TokenBatches, TokenBatches]:
-    """Seed with ``cfg.train.seed``, load the data and build the model."""
+def build(cfg: ExperimentConfig) -> tuple[nn.Module, Task]:
+    """Load the task, seed with ``cfg.train.seed`` and build the model: ``(model, task)``."""
     if cfg.experiment not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {cfg.experiment!r}; known: {', '.join(sorted(EXPERIMENTS))}")
-    train, val, vocab = load_data(cfg)
+    task = make_task(cfg)
     seed_everything(cfg.train.seed)
-    model = EXPERIMENTS[cfg.experiment].build_model(dict(cfg.model), vocab, cfg.train.context_length)
-    return model, train, val
+    model = EXPERIMENTS[cfg.experiment].build_model(dict(cfg.model), task)
+    return model, task
 
 
 def reproduce_command(experiment: str, preset: str, overrides=(), world_size: int = 1,
@@ -114,16 +106,16 @@ def run_experiment(experiment: str, preset: str = "cpu", overrides=(), out_dir=N
     """Build and train one preset; return its results dictionary (see :mod:`cemlib.train.results`)."""
     from cemlib.train.trainer import Trainer
     cfg = get_config(experiment, preset, overrides)
-    model, train, val = build(cfg)
+    model, task = build(cfg)
     cmd = reproduce_command(experiment, preset, overrides, int(os.environ.get("WORLD_SIZE", "1")), strategy)
-    trainer = Trainer(model, train, val, cfg, out_dir=out_dir, command=cmd, strategy=strategy,
-                      verbose=verbose)
+    trainer = Trainer(model, task, cfg, out_dir=out_dir, command=cmd, strategy=strategy, verbose=verbose)
     return trainer.fit(resume=resume, until=until)
 
 
 # ------------------------------------------------------------------------------ Shakespeare
-def _build_lm(kwargs: dict, vocab_size: int, context_length: int) -> nn.Module:
+def _build_lm(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.lm import LanguageModel, LMConfig
+    vocab_size, context_length = task.info["vocab_size"], task.info["context_length"]
     names = {f.name for f in dataclasses.fields(LMConfig)}
     unknown = sorted(set(kwargs) - names)
     if unknown:
@@ -165,3 +157,225 @@ register(_shakespeare("shakespeare-cem-mlp", "llama", "cem",
 register(_shakespeare("shakespeare-cem-mlp-pm", "llama", "cem",
                       "Llama attention with the CEM MLP, parameter-matched d_v = 1.5 d_ff (CEM Fig. 2b)",
                       _pm_width(128), _pm_width(384)))
+
+
+def _shakespeare_variant(name: str, base: tuple[str, str], what: str, model: dict) -> Experiment:
+    return _shakespeare(name, *base, what, model, model)
+
+
+# CEM ablations (CEM §4, Figs. 2-4): each one config change away from a registered model
+for _name, _base, _what, _model in (
+        ("shakespeare-cem-t2", ("cem", "cem"), "full CEM with T = 2 recursive steps in every layer "
+         "(eqs. 16-17)", {"T_attn": 2, "T_mlp": 2}),
+        ("shakespeare-cem-t3", ("cem", "cem"), "full CEM with T = 3 (the paper reports it unstable)",
+         {"T_attn": 3, "T_mlp": 3}),
+        ("shakespeare-cem-attn-t2", ("cem", "llama"), "CEM attention with T = 2, SwiGLU MLP (Fig. 2c)",
+         {"T_attn": 2}),
+        ("shakespeare-cem-mlp-t2", ("llama", "cem"), "Llama attention, CEM MLP with T = 2 (Fig. 2d)",
+         {"T_mlp": 2}),
+        ("shakespeare-cem-attn-diag-none", ("cem", "llama"), "CEM attention without the KQ diagonal "
+         "(Fig. 3b)", {"diag": "none"}),
+        ("shakespeare-cem-attn-diag-head", ("cem", "llama"), "CEM attention with a per-head KQ "
+         "diagonal (Fig. 3b)", {"diag": "per_head"}),
+        ("shakespeare-cem-precond-diag", ("cem", "cem"), "full CEM, T = 2, diagonal preconditioners "
+         "(§2.8, Fig. 2c-d)", {"T_attn": 2, "T_mlp": 2, "precond_attn": "diag", "precond_mlp": "diag"}),
+        ("shakespeare-cem-precond-dplr", ("cem", "cem"), "full CEM, T = 2, diagonal-plus-low-rank "
+         "preconditioners (eq. 13, Fig. 2c-d)",
+         {"T_attn": 2, "T_mlp": 2, "precond_attn": "dplr", "precond_mlp": "dplr"}),
+        ("shakespeare-llama-reuse2", ("llama", "llama"), "Llama with plain layer reuse: every "
+         "residual sublayer applied twice (the Fig. 3c/4 baseline)", {"reuse_attn": 2, "reuse_mlp": 2}),
+        ("shakespeare-cem-reuse2", ("cem", "cem"), "full CEM (T = 1) with plain layer reuse x2, "
+         "against CEM's T = 2 recursion", {"reuse_attn": 2, "reuse_mlp": 2})):
+    register(_shakespeare_variant(_name, _base, _what, _model))
+
+
+# ------------------------------------------------------------------------------ NRGPT (ListOps, Shakespeare)
+def _build_token_model(kwargs: dict, task: Task) -> nn.Module:
+    """``kwargs["arch"]``: ``nrgpt`` / ``rgpt`` (GPT_Rec_parallel) / ``gpt``; the rest go to the class."""
+    from cemlib.models.nrgpt import GPTModel, NRGPTModel, RecurrentGPTModel
+    kw = dict(kwargs)
+    arch = kw.pop("arch", None)
+    classes = {"nrgpt": NRGPTModel, "rgpt": RecurrentGPTModel, "gpt": GPTModel}
+    if arch not in classes:
+        raise ConfigError(f"model.arch must be one of {sorted(classes)}, got {arch!r}")
+    try:
+        return classes[arch](task.info["vocab_size"], task.info["context_length"], **kw)
+    except TypeError as err:
+        raise ConfigError(f"model options {sorted(kw)} do not fit {classes[arch].__name__}: {err}") from None
+
+
+def _nrgpt_family(prefix: str, data: str, task: dict, cpu_model: dict, gpu_model: dict, cpu_train: dict,
+                  gpu_train: dict, cpu_optim: dict, gpu_optim: dict, what: str) -> None:
+    archs = {"nrgpt": ({"arch": "nrgpt", "ff": "ff2w"}, "NRGPT (FF2W energy, learned rate matrix)"),
+             "rgpt": ({"arch": "rgpt"}, "recurrent parallel GPT (GPT_Rec_parallel)"),
+             "gpt": ({"arch": "gpt"}, "standard deep GPT-2")}
+    for arch, (extra, label) in archs.items():
+        name = f"{prefix}-{arch}"
+        steps = {"n_layers" if arch == "gpt" else "n_steps": cpu_model["depth"]}
+        gsteps = {"n_layers" if arch == "gpt" else "n_steps": gpu_model["depth"]}
+        cm = {k: v for k, v in cpu_model.items() if k != "depth"}
+        gm = {k: v for k, v in gpu_model.items() if k != "depth"}
+        presets = {
+            "cpu": ExperimentConfig(experiment=name, preset="cpu", model={**extra, **cm, **steps},
+                                    task=dict(task.get("cpu", {})), data=DataConfig(name=data),
+                                    optim=OptimConfig(**cpu_optim), train=TrainConfig(**cpu_train)),
+            "gpu": ExperimentConfig(experiment=name, preset="gpu", model={**extra, **gm, **gsteps},
+                                    task=dict(task.get("gpu", {})), data=DataConfig(name=data),
+                                    optim=OptimConfig(**gpu_optim), train=TrainConfig(**gpu_train))}
+        register(Experiment(name, f"{what}: {label}", _build_token_model, presets))
+
+
+# ListOps (NRGPT §3.2, App. F.3; the authors' LOPS00 sweep: 5 recurrent steps, lr 5e-4 -> 2e-5,
+# batch 64, AdamW, clipping 1.0, dropout 0, no warm-up given). Loss and accuracy on the answer.
+_nrgpt_family(
+    "listops", "listops",
+    {"cpu": {"n_train": 20_000, "n_test": 1_000}, "gpu": {"n_train": 50_000, "n_test": 2_000}},
+    cpu_model={"d_model": 64, "n_heads": 2, "depth": 5}, gpu_model={"d_model": 128, "n_heads": 4, "depth": 5},
+    cpu_train={"max_steps": 600, "batch_size": 64, "eval_interval": 100, "eval_batches": 8,
+               "log_interval": 10},
+    gpu_train={"max_steps": 20_000, "batch_size": 64, "eval_interval": 1000, "eval_batches": 50,
+               "log_interval": 50, "compile": True},
+    cpu_optim={"lr": 3e-3, "beta2": 0.99, "weight_decay": 0.1, "warmup_steps": 30, "min_lr_ratio": 0.04},
+    gpu_optim={"lr": 1e-3, "beta2": 0.99, "weight_decay": 0.1, "warmup_steps": 200, "min_lr_ratio": 0.04},
+    what="ListOps (MAX, MEDIAN, SUM mod 20), answer prediction")
+
+# Character-level Shakespeare (NRGPT §3.3, App. F.4: context 256, batch 64, beta_2 = 0.99, dropout 0.1,
+# 100 warm-up updates; Table 4's NRGPT_H_FF2W: 8 steps, 1 head, width 128).
+_nrgpt_family(
+    "shakespeare", "shakespeare", {},
+    cpu_model={"d_model": 128, "n_heads": 2, "depth": 4}, gpu_model={"d_model": 128, "n_heads": 1,
+                                                                       "depth": 8, "dropout": 0.1},
+    cpu_train={"max_steps": 500, "batch_size": 32, "context_length": 64, "eval_interval": 50,
+               "eval_batches": 8, "log_interval": 10},
+    gpu_train={"max_steps": 5000, "batch_size": 64, "context_length": 256, "eval_interval": 500,
+               "eval_batches": 100, "log_interval": 10, "compile": True},
+    cpu_optim={"lr": 3e-3, "beta2": 0.99, "warmup_steps": 20, "min_lr_ratio": 0.1},
+    gpu_optim={"lr": 1e-3, "beta2": 0.99, "warmup_steps": 100, "min_lr_ratio": 0.1},
+    what="character-level tiny Shakespeare (NRGPT §3.3)")
+
+
+# ------------------------------------------------------------------------------ GP regression (CEM Table 3)
+def _build_regressor(kwargs: dict, task: Task) -> nn.Module:
+    from cemlib.models.regression import MLPRegressor
+    try:
+        return MLPRegressor(task.info["in_dim"], task.info["out_dim"], **kwargs)
+    except TypeError as err:
+        raise ConfigError(f"model options {sorted(kwargs)} do not fit MLPRegressor: {err}") from None
+
+
+# Widths (ours; the paper gives none): D_h = 64, one residual block. Gated (SwiGLU) d_ff = 172 and
+# CEM d_v = 172 give 3 x 64 x 172 = 33,024 and 2 x 64 x 172 = 22,016 block weights (Table 3: 33.94K
+# vs 22.66K in all); Plain d_ff = 258 ~ 1.5 x 172 (with biases) matches Gated's count.
+for _name, _model, _what in (
+        ("gp-plain", {"mlp": "plain", "d_ff": 258}, "plain residual MLP"),
+        ("gp-gated", {"mlp": "gated", "d_ff": 172}, "gated (SwiGLU) residual MLP"),
+        ("gp-cem-t1", {"mlp": "cem", "d_ff": 172, "T": 1}, "CEM MLP, T = 1"),
+        ("gp-cem-t2", {"mlp": "cem", "d_ff": 172, "T": 2}, "CEM MLP, T = 2"),
+        ("gp-cem-t4", {"mlp": "cem", "d_ff": 172, "T": 4}, "CEM MLP, T = 4"),
+        ("gp-cem-t8", {"mlp": "cem", "d_ff": 172, "T": 8}, "CEM MLP, T = 8")):
+    _m = {"d_model": 64, **_model}
+    register(Experiment(
+        _name, f"GP regression on 10-D inputs (CEM Table 3; kernel: task.kernel): {_what}", _build_regressor,
+        {"cpu": ExperimentConfig(experiment=_name, preset="cpu", model=dict(_m), data=DataConfig(name="gp"),
+                                 task={"kernel": "rbf", "n_train": 1000},
+                                 optim=OptimConfig(lr=3e-3, beta2=0.99, weight_decay=0.0, warmup_steps=50,
+                                                   min_lr_ratio=0.01),
+                                 train=TrainConfig(max_steps=1500, batch_size=100, eval_interval=250,
+                                                   eval_batches=10, log_interval=25)),
+         "gpu": ExperimentConfig(experiment=_name, preset="gpu", model=dict(_m), data=DataConfig(name="gp"),
+                                 task={"kernel": "rbf", "n_train": 4000},
+                                 optim=OptimConfig(lr=3e-3, beta2=0.99, weight_decay=0.0, warmup_steps=200,
+                                                   min_lr_ratio=0.01),
+                                 train=TrainConfig(max_steps=20_000, batch_size=100, eval_interval=1000,
+                                                   eval_batches=40, log_interval=100))}))
+
+
+# ------------------------------------------------------------------------------ LIS (Newton attention)
+def _build_newton(kwargs: dict, task: Task) -> nn.Module:
+    from cemlib.models.newton_transformer import NewtonTransformer
+    try:
+        return NewtonTransformer(task.info["vocab_size"], task.info["context_length"], **kwargs)
+    except TypeError as err:
+        raise ConfigError(f"model options {sorted(kwargs)} do not fit NewtonTransformer: {err}") from None
+
+
+# App. A.9: 3 layers, sinusoidal positions, dropout 0.1, AdamW(0.9, 0.999), lr 1e-4, weight decay
+# 0.01, batch 128, 300 epochs. The cpu preset uses L = 10 with fewer examples and a larger lr.
+for _name, _model, _what in (
+        ("lis-mha", {"attn": "mha"}, "standard multi-head attention with FFN"),
+        ("lis-mha2nd1st", {"attn": "mha2nd1st"}, "first-order Newton attention MHA2nd1st with FFN"),
+        ("lis-mha-only", {"attn": "mha", "ffn": False}, "standard attention only (no FFN)"),
+        ("lis-mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)")):
+    register(Experiment(
+        _name, f"LIS with the DP chain (intrinsic optimizers §5): {_what}", _build_newton,
+        {"cpu": ExperimentConfig(experiment=_name, preset="cpu",
+                                 model={"d_model": 64, "n_layers": 3, "n_heads": 4, **_model},
+                                 data=DataConfig(name="lis"), task={"L": 10, "n_train": 8000, "n_test": 1000},
+                                 optim=OptimConfig(lr=1e-3, beta2=0.999, weight_decay=0.01, warmup_steps=30,
+                                                   min_lr_ratio=0.1),
+                                 train=TrainConfig(max_steps=600, batch_size=64, eval_interval=100,
+                                                   eval_batches=8, log_interval=10)),
+         "gpu": ExperimentConfig(experiment=_name, preset="gpu",
+                                 model={"d_model": 256, "n_layers": 3, "n_heads": 4, **_model},
+                                 data=DataConfig(name="lis"), task={"L": 20},
+                                 optim=OptimConfig(lr=1e-4, beta2=0.999, weight_decay=0.01, warmup_steps=200,
+                                                   min_lr_ratio=0.1),
+                                 train=TrainConfig(max_steps=20_000, batch_size=128, eval_interval=2000,
+                                                   eval_batches=20, log_interval=50))}))
+
+
+# ------------------------------------------------------------------------------ Hyper-SET (Sudoku, digits)
+def _build_recurrent(kwargs: dict, task: Task) -> nn.Module:
+    from cemlib.models.hyperset import HyperSETModel
+    from cemlib.models.recurrent_transformer import RecurrentTransformer
+    kw = dict(kwargs)
+    arch = kw.pop("arch", None)
+    classes = {"hyperset": HyperSETModel, "transformer": RecurrentTransformer}
+    if arch not in classes:
+        raise ConfigError(f"model.arch must be one of {sorted(classes)}, got {arch!r}")
+    info = task.info
+    io = {"n_classes": info["n_classes"], "n_positions": info["n_positions"]}
+    if "vocab_size" in info:
+        io["vocab_size"] = info["vocab_size"]
+    else:
+        io["patch_dim"] = info["patch_dim"]
+    try:
+        return classes[arch](**io, **kw)
+    except TypeError as err:
+        raise ConfigError(f"model options {sorted(kw)} do not fit {classes[arch].__name__}: {err}") from None
+
+
+for _arch, _label in (("hyperset", "Hyper-SET (bi-softmax attention, tied ReLU FF, learned step "
+                                   "sizes), one layer iterated"),
+                      ("transformer", "recurrent Transformer: one standard layer iterated")):
+    _n = f"sudoku-{_arch}"
+    register(Experiment(
+        _n, f"hard Sudoku, a digit per blank (Hyper-SET §5.1): {_label}", _build_recurrent,
+        {"cpu": ExperimentConfig(experiment=_n, preset="cpu",
+                                 model={"arch": _arch, "d": 64, "n_heads": 4, "n_iter": 8},
+                                 data=DataConfig(name="sudoku"), task={"n_train": 2000},
+                                 optim=OptimConfig(lr=1e-3, beta2=0.99, weight_decay=0.1, warmup_steps=30),
+                                 train=TrainConfig(max_steps=300, batch_size=32, eval_interval=100,
+                                                   eval_batches=8, log_interval=10)),
+         "gpu": ExperimentConfig(experiment=_n, preset="gpu",
+                                 model={"arch": _arch, "d": 256, "n_heads": 8, "n_iter": 16},
+                                 data=DataConfig(name="sudoku"),
+                                 optim=OptimConfig(lr=5e-4, beta2=0.99, weight_decay=0.1, warmup_steps=200),
+                                 train=TrainConfig(max_steps=8000, batch_size=64, eval_interval=1000,
+                                                   eval_batches=20, log_interval=50))}))
+    _n = f"digits-{_arch}"
+    register(Experiment(
+        _n, f"8x8 digits as 2x2 patches, the offline stand-in for CIFAR (Hyper-SET §5.2): {_label}",
+        _build_recurrent,
+        {"cpu": ExperimentConfig(experiment=_n, preset="cpu",
+                                 model={"arch": _arch, "d": 64, "n_heads": 4, "n_iter": 6, "pool": "cls"},
+                                 data=DataConfig(name="digits"),
+                                 optim=OptimConfig(lr=2e-3, beta2=0.99, weight_decay=0.05, warmup_steps=30),
+                                 train=TrainConfig(max_steps=500, batch_size=64, eval_interval=100,
+                                                   eval_batches=8, log_interval=10)),
+         "gpu": ExperimentConfig(experiment=_n, preset="gpu",
+                                 model={"arch": _arch, "d": 192, "n_heads": 6, "n_iter": 12, "pool": "cls"},
+                                 data=DataConfig(name="digits"),
+                                 optim=OptimConfig(lr=1e-3, beta2=0.99, weight_decay=0.05, warmup_steps=100),
+                                 train=TrainConfig(max_steps=4000, batch_size=128, eval_interval=500,
+                                                   eval_batches=10, log_interval=50))}))

@@ -1,4 +1,5 @@
-"""Learning-rate sweep with the optimum located by Akima interpolation (CEM Fig. 3a / Fig. 5).
+"""Sweeps: learning rates with the optimum located by Akima interpolation (CEM Fig. 3a / Fig. 5),
+and grids of experiments x overrides x seeds with a mean ± std summary (:func:`grid_sweep`).
 
 The CEM paper sweeps five learning rates from 5e-4 to 8e-3 ("doubling at each step" [ICLR]) and
 marks the optimum of an Akima (1970) interpolant of test perplexity ([arXiv] §4.3, Fig. 3a, Fig. 5).
@@ -17,7 +18,8 @@ from typing import Callable
 import numpy as np
 from scipy.interpolate import Akima1DInterpolator
 
-__all__ = ["CEM_LR_GRID", "SweepResult", "akima_optimum", "lr_sweep", "sweep_experiment", "plot_sweep"]
+__all__ = ["CEM_LR_GRID", "SweepResult", "akima_optimum", "lr_sweep", "sweep_experiment", "plot_sweep",
+           "grid_runs", "grid_sweep", "run_name", "summarize_runs", "summary_markdown"]
 
 CEM_LR_GRID = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 
@@ -101,3 +103,92 @@ def plot_sweep(result: SweepResult, ax=None, label: str | None = None, color=Non
     if label:
         ax.legend(fontsize="small")
     return ax
+
+
+# ------------------------------------------------------------------------------ grids with seeds
+def grid_runs(experiments, grid: dict | None = None, seeds=(0,)) -> list[tuple[str, list[str], int]]:
+    """Every ``(experiment, overrides, seed)`` of ``experiments x product(grid) x seeds``.
+
+    ``grid`` maps an override key to its values, e.g. ``{"task.kernel": ["rbf", "matern"]}``.
+    """
+    import itertools
+    grid = dict(grid or {})
+    keys = list(grid)
+    combos = list(itertools.product(*(grid[k] for k in keys))) if keys else [()]
+    return [(e, [f"{k}={v}" for k, v in zip(keys, combo)], int(s))
+            for e in experiments for combo in combos for s in seeds]
+
+
+def run_name(experiment: str, overrides, seed: int) -> str:
+    """File-name stem of one grid run: ``gp_cem_t2__task.kernel-matern__seed1``."""
+    parts = [experiment.replace("-", "_")]
+    parts += [o.replace("=", "-").replace("/", "_") for o in overrides]
+    return "__".join(parts + [f"seed{seed}"])
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def summarize_runs(results: list[dict], metrics=None) -> list[dict]:
+    """Group results by ``(experiment, overrides without the seed)``; mean and sample std over seeds
+    of every ``metrics["final"]`` entry (or of ``metrics`` if given), plus parameters and seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        key = (r["experiment"], r["preset"], tuple(r.get("sweep", {}).get("overrides", [])))
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (exp, preset, overrides), rs in groups.items():
+        names = metrics or sorted(rs[0]["metrics"]["final"])
+        row = {"experiment": exp, "preset": preset, "overrides": list(overrides),
+               "seeds": [r["config"]["train"]["seed"] for r in rs], "num_parameters": rs[0]["num_parameters"],
+               "device": rs[0]["device"]["label"], "wall_time_s": _mean_std([r["metrics"]["wall_time_s"] for r in rs])[0]}
+        for m in names:
+            row[m] = _mean_std([r["metrics"]["final"][m] for r in rs])
+        rows.append(row)
+    return rows
+
+
+def summary_markdown(rows: list[dict], metrics) -> str:
+    """A Markdown table: experiment, overrides, params, seeds, ``mean ± std`` per metric."""
+    head = ["experiment", "overrides", "params", "seeds", *metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["experiment"], " ".join(r["overrides"]) or "-", f"{r['num_parameters']:,}",
+                 str(len(r["seeds"]))]
+        cells += [f"{r[m][0]:.4g} ± {r[m][1]:.2g}" for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds=(0,), out_dir=None,
+               overrides=(), metrics=None, verbose: bool = False, skip_existing: bool = True) -> list[dict]:
+    """Run ``experiments x grid x seeds`` (``train.seed`` = each seed; ``overrides`` apply to all);
+    with ``out_dir``, write ``<run_name>.json`` per run (already present files are loaded, not
+    rerun, when ``skip_existing``) and ``summary.json`` / ``summary.md`` (mean ± std over seeds).
+    Returns the summary rows (:func:`summarize_runs`)."""
+    import json
+    from pathlib import Path
+
+    from cemlib.train.experiments import run_experiment
+    from cemlib.train.results import load_results, save_results
+    out = Path(out_dir) if out_dir is not None else None
+    results = []
+    for exp, ovr, seed in grid_runs(experiments, grid, seeds):
+        path = out / f"{run_name(exp, ovr, seed)}.json" if out is not None else None
+        if path is not None and skip_existing and path.is_file():
+            results.append(load_results(path))
+            continue
+        res = run_experiment(exp, preset, [*overrides, *ovr, f"train.seed={seed}"], verbose=verbose)
+        res["sweep"] = {"overrides": list(ovr), "seed": seed}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_results(path, res)
+        results.append(res)
+    rows = summarize_runs(results, metrics)
+    if out is not None:
+        names = metrics or sorted(results[0]["metrics"]["final"])
+        (out / "summary.json").write_text(json.dumps(rows, indent=1))
+        (out / "summary.md").write_text(summary_markdown(rows, names))
+    return rows

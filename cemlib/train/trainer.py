@@ -1,10 +1,12 @@
-"""The training loop every chapter uses: any ``nn.Module`` mapping token ids to logits.
+"""The training loop every chapter uses, for any :class:`~cemlib.train.tasks.Task`.
 
-``Trainer(model, train_data, val_data, cfg).fit()`` runs AdamW with warm-up + cosine, gradient
-clipping and accumulation, bf16 autocast and optional ``torch.compile`` on CUDA, DDP/FSDP under
-``torchrun``, periodic evaluation, checkpoints and NaN/Inf detection, and returns the results
-dictionary (also written to ``out_dir/results.json``). One optimiser step consumes global batch
-``step`` of :class:`~cemlib.train.data.TokenBatches`, so the data position is the step counter.
+``Trainer(model, task, cfg).fit()`` runs AdamW with warm-up + cosine, gradient clipping and
+accumulation, bf16 (or fp16 with a gradient scaler, on GPUs without bf16) autocast and optional
+``torch.compile`` on CUDA, DDP/FSDP under ``torchrun``, periodic evaluation of every split with
+the task's metrics, checkpoints and NaN/Inf detection, and returns the results dictionary (also
+written to ``out_dir/results.json``). One optimiser step consumes global batch ``step`` of the
+task's train split, so the data position is the step counter. ``Trainer(model, train, val, cfg)``
+with two :class:`~cemlib.train.data.TokenBatches` is language modelling (the original form).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -23,15 +26,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from cemlib.train import checkpoint as ckpt
-from cemlib.train.config import ExperimentConfig, micro_batch_size
+from cemlib.train.config import ExperimentConfig, micro_batch_size, resolve_precision
 from cemlib.train.data import TokenBatches
+from cemlib.train.tasks import LanguageModelTask, Task
 from cemlib.train.distributed import DistInfo, all_reduce_mean, init_distributed, unwrap_model, wrap_model
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer, make_scheduler
 from cemlib.train.results import SCHEMA, environment_info, git_commit, save_results
 from cemlib.utils import default_device, seed_everything
 
-__all__ = ["Trainer", "NonFiniteError", "lm_loss"]
+__all__ = ["Trainer", "NonFiniteError", "lm_loss", "choose_precision"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -46,18 +50,36 @@ def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
+def choose_precision(precision: str, device: torch.device) -> str:
+    """:func:`~cemlib.train.config.resolve_precision` with this machine's bf16 capability."""
+    bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return resolve_precision(precision, device.type, bf16_ok)
+
+
 class Trainer:
-    """Train ``model`` on ``train_data`` / evaluate on ``val_data`` as ``cfg`` says.
+    """Train ``model`` on ``task`` as ``cfg`` says: ``Trainer(model, task, cfg)``, or
+    ``Trainer(model, train_batches, val_batches, cfg)`` for language modelling.
 
     ``out_dir`` receives ``results.json``, periodic checkpoints ``ckpt_<step>.pt``, ``last.pt`` at
     the end and ``last_good.pt`` when a NaN/Inf stops the run. ``command`` is recorded in the
     results as the exact reproduce command. ``strategy`` is ``"ddp"`` or ``"fsdp"`` under torchrun.
+    ``loss_fn(model, *batch)``, if given, replaces the task's training loss (not its metrics).
     """
 
-    def __init__(self, model: nn.Module, train_data: TokenBatches, val_data: TokenBatches,
-                 cfg: ExperimentConfig, *, out_dir: str | Path | None = None,
-                 loss_fn: Callable = lm_loss, command: str | None = None, strategy: str = "ddp",
+    def __init__(self, model: nn.Module, task: Task | TokenBatches, *args, out_dir: str | Path | None = None,
+                 loss_fn: Callable | None = None, command: str | None = None, strategy: str = "ddp",
                  verbose: bool = True):
+        if isinstance(task, TokenBatches) and len(args) == 2 and isinstance(args[0], TokenBatches):
+            val, cfg = args
+            task = LanguageModelTask(task, val, eval_batches=cfg.train.eval_batches)
+        elif isinstance(task, Task) and len(args) == 1:
+            cfg, = args
+        else:
+            raise TypeError("use Trainer(model, task, cfg) or Trainer(model, train_batches, "
+                            "val_batches, cfg)")
+        if not isinstance(cfg, ExperimentConfig):
+            raise TypeError(f"cfg must be an ExperimentConfig, got {type(cfg).__name__}")
+        self.task = task
         self.cfg, self.loss_fn, self.command, self.strategy = cfg, loss_fn, command, strategy
         self.out_dir = Path(out_dir) if out_dir is not None else None
         if self.out_dir is not None and self.out_dir.exists() and not self.out_dir.is_dir():
@@ -69,11 +91,13 @@ class Trainer:
         self.dist: DistInfo = init_distributed(default_device(tc.device))
         self.device = self.dist.device
         self.micro = micro_batch_size(tc, self.dist.world_size)
-        self.train_data, self.val_data = train_data, val_data
-        self.train_eval = TokenBatches(train_data.tokens, tc.context_length, seed=train_data.seed + 1,
-                                       name=train_data.name + "-eval")
-        self.use_bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda"
-                                                   and torch.cuda.is_bf16_supported())
+        self.train_data = task.train
+        self.tokens_per_step = tc.batch_size * task.tokens_per_example
+        self.precision = choose_precision(tc.precision, self.device)
+        self.use_bf16 = self.precision == "bf16"
+        # fp16 autocast needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        self.skipped_steps = 0
         self.raw_model = model.to(self.device)
         self.forward_flops, self.flops_source = forward_flops_per_token(self.raw_model)
         self.num_parameters = sum(p.numel() for p in self.raw_model.parameters())
@@ -90,9 +114,15 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- helpers
     def _autocast(self):
-        if self.use_bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        if self.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast(self.device.type, dtype=dtype)
         return contextlib.nullcontext()
+
+    def _loss(self, batch) -> torch.Tensor:
+        if self.loss_fn is not None:
+            return self.loss_fn(self.model, *batch)
+        return self.task.loss(self.model, batch)
 
     def _named_params(self):
         return list(unwrap_model(self.model).named_parameters())
@@ -124,6 +154,7 @@ class Trainer:
         return {"format": ckpt.FORMAT, "step": self.step, "model": model_sd, "optimizer": optim_sd,
                 "scheduler": self.scheduler.state_dict(), "rng": rngs,
                 "data": {"position": self.step, "train": self.train_data.state_dict()},
+                "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
                 "config": self.cfg.to_dict(), "history": self.history,
                 "world_size": self.dist.world_size}
 
@@ -155,6 +186,9 @@ class Trainer:
             self.scheduler.load_state_dict(payload["scheduler"])
         except (RuntimeError, ValueError, KeyError) as err:
             raise ckpt.CheckpointError(f"checkpoint {Path(path).name!r} could not be restored: {err}") from err
+        if payload.get("scaler"):
+            self.scaler.load_state_dict(payload["scaler"])
+        self.skipped_steps = int(payload.get("skipped_steps", 0))
         self.step = int(payload["step"])
         self.history = payload.get("history", {"train": [], "eval": []})
         rngs = payload["rng"]
@@ -166,21 +200,25 @@ class Trainer:
     # ----------------------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Mean loss over ``eval_batches`` fixed batches of each split (split across processes)."""
+        """The task's metrics on each split (``train_loss``, ``val_accuracy``, ...): sums over the
+        split's evaluation batches, added up across processes, then divided."""
         self.model.eval()
-        out, n_batches, world = {}, self.cfg.train.eval_batches, self.dist.world_size
-        for split, data in (("train", self.train_eval), ("val", self.val_data)):
-            acc = torch.zeros(2, device=self.device, dtype=torch.float64)
-            for j in range(math.ceil(n_batches / world)):  # same count on every rank (FSDP collectives)
-                idx = self.dist.rank + world * j
-                x, y = data.batch(idx, self.micro)
+        out, world = {}, self.dist.world_size
+        for split in self.task.eval_splits:
+            acc = None
+            for weight, batch in self.task.eval_batches(split, self.micro, self.dist.rank, world,
+                                                        self.cfg.train.eval_batches):
+                batch = tuple(t.to(self.device) for t in batch)
                 with self._autocast():
-                    loss = self.loss_fn(self.model, x.to(self.device), y.to(self.device))
-                if idx < n_batches:
-                    acc += torch.stack([loss.double(), torch.ones((), dtype=torch.float64, device=self.device)])
+                    stats = self.task.eval_stats(self.model, batch, split)
+                if acc is None:
+                    acc = torch.zeros_like(stats)
+                if weight:
+                    acc += stats
             if self.dist.enabled:
                 torch.distributed.all_reduce(acc)
-            out[f"{split}_loss"] = (acc[0] / acc[1]).item()
+            for name, value in self.task.summarize(acc.tolist(), split).items():
+                out[f"{split}_{name}"] = value
         self.model.train()
         return out
 
@@ -188,27 +226,42 @@ class Trainer:
     def train_step(self) -> tuple[float, float]:
         """One optimiser step on global batch ``self.step``; returns ``(loss, grad_norm)``."""
         tc, accum = self.cfg.train, self.cfg.train.grad_accum
+        self._skipped = False
         total = torch.zeros((), device=self.device)
         for a in range(accum):
             m = self.dist.rank * accum + a
-            x, y = self.train_data.micro_batch(self.step, tc.batch_size, m, self.micro)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            batch = self.train_data.micro_batch(self.step, tc.batch_size, m, self.micro)
+            batch = tuple(t.to(self.device, non_blocking=True) for t in batch)
             sync_now = a == accum - 1 or self.ddp is None  # DDP: all-reduce on the last micro-step
             with contextlib.nullcontext() if sync_now else self.ddp.no_sync():
                 with self._autocast():
-                    loss = self.loss_fn(self.model, x, y)
-                (loss / accum).backward()
+                    loss = self._loss(batch)
+                self.scaler.scale(loss / accum).backward()
             total += loss.detach().float()
         loss_mean = all_reduce_mean(total / accum, self.dist)
         params = [p for p in self.raw_model.parameters() if p.grad is not None]
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(self.optimizer)  # true gradients before measuring and clipping
         gnorm = nn.utils.get_total_norm([p.grad for p in params])  # measured before any clipping
         gnorm_full = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         loss_val, gnorm_val = torch.stack([loss_mean, gnorm_full.float().to(self.device)]).tolist()
+        if self.scaler.is_enabled() and math.isfinite(loss_val) and not math.isfinite(gnorm_val):
+            # fp16 overflow in the backward pass: the scaler skips this update and lowers its scale
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():  # the schedule follows the step counter, skipped or not
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                self.scheduler.step()
+            self.skipped_steps += 1
+            self._skipped = True
+            return loss_val, gnorm_val
         if not (math.isfinite(loss_val) and math.isfinite(gnorm_val)):
             return loss_val, gnorm_val  # grads untouched, so the offending parameter can be named
         if self.cfg.optim.grad_clip > 0:
             nn.utils.clip_grads_with_norm_(params, self.cfg.optim.grad_clip, gnorm)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # a plain optimizer.step() when the scaler is disabled
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return loss_val, gnorm_val
@@ -238,12 +291,12 @@ class Trainer:
             lr = self.optimizer.param_groups[0]["lr"]
             t0 = time.perf_counter()
             loss, gnorm = self.train_step()
-            if not (math.isfinite(loss) and math.isfinite(gnorm)):
+            if not (math.isfinite(loss) and math.isfinite(gnorm)) and not self._skipped:
                 self._stop_nonfinite(loss, gnorm, rng)
             dt = time.perf_counter() - t0
             if self.step > 0 or stop == 1:  # the first step carries warm-up / compilation
                 self.train_time += dt
-                self.timed_tokens += tc.tokens_per_step
+                self.timed_tokens += self.tokens_per_step
             self.step += 1
             if self.step % tc.log_interval == 0 or self.step == stop:
                 self.history["train"].append({"step": self.step, "loss": loss, "grad_norm": gnorm,
@@ -271,8 +324,10 @@ class Trainer:
             ev = {"step": self.step, **self.evaluate()}
             self.history["eval"].append(ev)
             if self.verbose and self.dist.is_main:
+                extra = "".join(f"  {k} {v:.4f}" for k, v in ev.items()
+                                if k not in ("step", "train_loss", "val_loss") and k.startswith("val_"))
                 print(f"step {self.step:>6}/{tc.max_steps}  train {ev['train_loss']:.4f}  "
-                      f"val {ev['val_loss']:.4f}", flush=True)
+                      f"val {ev['val_loss']:.4f}{extra}", flush=True)
 
     def _stop_nonfinite(self, loss: float, gnorm: float, rng: dict) -> None:
         where = self._first_nonfinite()
@@ -297,24 +352,33 @@ class Trainer:
         if peak_tflops is None:
             peak_source = "none known for this device"
         ev = self.history["eval"]
-        best = min(ev, key=lambda e: e["val_loss"]) if ev else None
+        primary, mode = self.task.primary
+        key = f"val_{primary}"
+        best_loss = min(ev, key=lambda e: e["val_loss"]) if ev else None
+        best = (min if mode == "min" else max)(ev, key=lambda e: e[key]) if ev else None
         tps = self._tokens_per_s()
         metrics = {
-            "steps": self.step, "tokens": self.step * tc.tokens_per_step,
+            "steps": self.step, "tokens": self.step * self.tokens_per_step,
             "final_train_loss": ev[-1]["train_loss"] if ev else None,
             "final_val_loss": ev[-1]["val_loss"] if ev else None,
             "initial_val_loss": ev[0]["val_loss"] if ev else None,
-            "best_val_loss": best["val_loss"] if best else None,
+            "best_val_loss": best_loss["val_loss"] if best_loss else None,
             "best_val_step": best["step"] if best else None,
+            "primary_metric": key, "best_primary": best[key] if best else None,
+            "final": {k: v for k, v in ev[-1].items() if k != "step"} if ev else {},
+            "at_best": {k: v for k, v in best.items() if k != "step"} if best else {},
+            "examples_per_s": tps / self.task.tokens_per_example, "skipped_steps": self.skipped_steps,
             "tokens_per_s": tps, "wall_time_s": wall_time_s,
             "forward_flops_per_token": self.forward_flops, "flops_source": self.flops_source,
             "peak_tflops_per_device": peak_tflops, "peak_source": peak_source,
             "mfu": mfu(self.forward_flops, tps, peak_tflops * 1e12 if peak_tflops else None,
                        self.dist.world_size),
-            "precision": "bf16-autocast" if self.use_bf16 else "fp32",
+            "precision": {"bf16": "bf16-autocast", "fp16": "fp16-autocast+grad-scaler",
+                          "fp32": "fp32"}[self.precision],
         }
         return {"schema": SCHEMA, "experiment": self.cfg.experiment, "preset": self.cfg.preset,
-                "config": self.cfg.to_dict(), "metrics": metrics, "curves": self.history,
+                "config": self.cfg.to_dict(), "task": self.task.describe(), "metrics": metrics,
+                "curves": self.history,
                 "num_parameters": self.num_parameters, "model_class": type(self.raw_model).__name__,
                 "device": device, "versions": versions, "git_commit": git_commit(),
                 "command": self.command}

@@ -1,0 +1,90 @@
+"""Decoder-only Transformer with standard or Newton attention, for LIS (Transformers as intrinsic
+optimizers, §5 and App. A.9).
+
+Token embedding plus absolute sinusoidal positions, ``n_layers`` pre-LayerNorm blocks, final
+LayerNorm and a linear head (logits ``(B, L, vocab)``). Each block is attention, then (unless
+``ffn=False``, the paper's "attention-only" ablation) a ReLU MLP of width ``4 d``:
+
+- ``attn="mha"``: causal multi-head softmax attention with ``W_Q, W_K, W_V, W_O`` (4 d^2 weights),
+  :class:`~cemlib.layers.gpt.CausalSelfAttention`;
+- ``attn="mha2nd1st"``: :class:`~cemlib.layers.newton.MHA2nd1st` (eqs. 30-31; no ``W_V``: 3 d^2
+  weights plus one temperature per head), causal. The layer returns the stepped state
+  ``z'``; the block adds its *update* ``z' - g`` (``g = LN(x)``) to the residual stream, as a
+  pre-norm block adds an attention output.
+
+Dropout (0.1 in the paper) acts on each block's attention and MLP outputs. The paper does not say
+where its normalisation sits; pre-LN is ours.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cemlib.layers.gpt import MLP, CausalSelfAttention
+from cemlib.layers.newton import MHA2nd1st
+from cemlib.models.hyperset import sinusoidal_positions
+from cemlib.utils import check_positive_int
+
+__all__ = ["NewtonTransformer", "ATTENTIONS"]
+
+ATTENTIONS = ("mha", "mha2nd1st")
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, n_heads: int, attn: str, ffn: bool, dropout: float, form: str):
+        super().__init__()
+        self.kind = attn
+        self.ln1 = nn.LayerNorm(d)
+        if attn == "mha":
+            self.attn = CausalSelfAttention(d, n_heads, dropout=0.0)
+        else:
+            self.attn = MHA2nd1st(d, n_heads, form=form)
+        self.ln2 = nn.LayerNorm(d) if ffn else None
+        self.mlp = MLP(d, 4 * d, act="relu") if ffn else None
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.ln1(x)
+        if self.kind == "mha":
+            upd = self.attn(g)
+        else:
+            causal = torch.ones(g.shape[1], g.shape[1], dtype=torch.bool, device=g.device).tril()
+            upd = self.attn(g, g.unsqueeze(1), causal) - g
+        x = x + self.drop(upd)
+        if self.mlp is not None:
+            x = x + self.drop(self.mlp(self.ln2(x)))
+        return x
+
+
+class NewtonTransformer(nn.Module):
+    """``forward(idx (B, L)) -> logits (B, L, vocab_size)``."""
+
+    def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layers: int = 3,
+                 n_heads: int = 4, attn: str = "mha", ffn: bool = True, dropout: float = 0.1,
+                 form: str = "corrected"):
+        super().__init__()
+        for v, n in ((vocab_size, "vocab_size"), (block_size, "block_size"), (d_model, "d_model"),
+                     (n_layers, "n_layers"), (n_heads, "n_heads")):
+            check_positive_int(v, n)
+        if attn not in ATTENTIONS:
+            raise ValueError(f"attn must be one of {ATTENTIONS}, got {attn!r}")
+        self.block_size = block_size
+        self.emb = nn.Embedding(vocab_size, d_model)
+        self.register_buffer("pos", sinusoidal_positions(block_size, d_model), persistent=False)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads, attn, ffn, dropout, form)
+                                    for _ in range(n_layers))
+        self.ln_f, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() != 2 or idx.shape[1] > self.block_size:
+            raise ValueError(f"idx must be (B, L) with L <= {self.block_size}, got {tuple(idx.shape)}")
+        x = self.drop(self.emb(idx) + self.pos[: idx.shape[1]].to(self.emb.weight.dtype))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+    def attention_parameters(self) -> int:
+        """Weights of the attention layers alone (the paper's "1/4 fewer" is about these)."""
+        return sum(p.numel() for b in self.blocks for p in b.attn.parameters())

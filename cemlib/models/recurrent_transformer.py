@@ -1,0 +1,57 @@
+"""The recurrent-Transformer baseline of Hyper-SET's experiments (seed ``004``, §5): one standard
+pre-LayerNorm Transformer layer (bidirectional multi-head softmax attention with ``W_Q, W_K, W_V,
+W_O``, then a ReLU MLP, each with a residual connection) applied ``n_iter`` times with shared
+weights, inside exactly the embedding, positions and head of
+:class:`~cemlib.models.hyperset.HyperSETModel`, so that the two differ only in the iterated layer.
+
+It is not an energy model: it has no :meth:`trajectory` energies.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cemlib.layers.gpt import MLP
+from cemlib.models.hyperset import HyperSETModel
+from cemlib.utils import resolve_head_dim
+
+__all__ = ["RecurrentTransformer", "TransformerLayer"]
+
+
+class TransformerLayer(nn.Module):
+    """``x + MHA(LN x)``, then ``+ MLP(LN x)``; called as ``layer(X, t, X0)`` like Hyper-SET's
+    layer (``t`` and ``X0`` are unused: the same weights at every iteration, no conditioning)."""
+
+    def __init__(self, d: int, n_heads: int, ff_dim: int | None = None):
+        super().__init__()
+        resolve_head_dim(d, n_heads, explicit_ok=False)
+        self.n_heads = n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = MLP(d, ff_dim if ff_dim is not None else 4 * d, act="relu")
+
+    def forward(self, X: torch.Tensor, t: int = 0, X0: torch.Tensor | None = None) -> torch.Tensor:
+        B, N, D = X.shape
+        q, k, v = self.qkv(self.ln1(X)).split(D, dim=-1)
+        q, k, v = (u.view(B, N, self.n_heads, D // self.n_heads).transpose(1, 2) for u in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D)
+        X = X + self.proj(o)
+        return X + self.mlp(self.ln2(X))
+
+
+class RecurrentTransformer(HyperSETModel):
+    """Same arguments as :class:`HyperSETModel` minus the Hyper-SET-specific ones (attention and
+    feed-forward kind, step sizes, LoRA); ``ff_dim`` defaults to ``4 d``."""
+
+    def __init__(self, *, d: int, n_heads: int, n_iter: int, n_classes: int, n_positions: int,
+                 vocab_size: int | None = None, patch_dim: int | None = None,
+                 ff_dim: int | None = None, pool: str = "none", positional: str = "learned"):
+        super().__init__(d=d, n_heads=n_heads, n_iter=n_iter, n_classes=n_classes,
+                         n_positions=n_positions, vocab_size=vocab_size, patch_dim=patch_dim,
+                         pool=pool, positional=positional)
+        self.layer = TransformerLayer(d, n_heads, ff_dim)
+
+    def trajectory(self, x, n_iter=None):
+        raise NotImplementedError("the recurrent Transformer is not an energy model: no energies")

@@ -1,0 +1,241 @@
+"""Named datasets -> :class:`~cemlib.train.tasks.Task` objects: ``make_task(cfg)``.
+
+``cfg.data.name`` picks the dataset; ``cfg.task`` holds its keyword arguments (set them with
+``--set task.<name>=<value>``; unknown names are an error that lists the known ones). The data
+are generated from seeds or shipped with cemlib; nothing is downloaded. ``data_seed`` fixes the
+dataset itself, ``train.seed`` the model initialisation and the batch order, so seeds of one
+experiment train on the same data.
+
+=============  ==========================================  ============================================
+name           task                                        splits
+=============  ==========================================  ============================================
+shakespeare    next character (language modelling)         train / val (``data.val_fraction``)
+listops        the answer token after ``=`` (NRGPT §3.2)   train / val (``val_fraction`` of train) /
+                                                           test
+lis            the DP chain and the LIS length (App. A.9)  train / val / test
+gp             GP regression on 10-D inputs (Table 3)      train / val / test (one GP draw)
+sudoku         a digit per blank cell (Hyper-SET §5.1)     train / val / test (shipped hard set)
+digits         8x8 digits as patch sequences               train / val / test (stratified)
+cifar10        CIFAR-10 as patch sequences, opt-in         train / val / test, from a local copy
+=============  ==========================================  ============================================
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cemlib.train.config import ConfigError
+from cemlib.train.data import TokenBatches
+from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask,
+                                RegressionTask, Task, TaskDataError, TokenClassificationTask)
+
+__all__ = ["TASKS", "make_task", "split_off", "load_cifar10"]
+
+
+def split_off(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices ``(keep, held_out)``: a seeded ``fraction`` of ``range(n)`` held out (at least 1)."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"val_fraction must lie in (0, 1), got {fraction!r}")
+    perm = torch.from_numpy(np.random.default_rng([seed, 7]).permutation(n))
+    k = max(1, round(fraction * n))
+    if k >= n:
+        raise TaskDataError(f"cannot hold out {k} of {n} examples and keep a training set")
+    return perm[k:].sort().values, perm[:k].sort().values
+
+
+def _stack(ds) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*(ds[i] for i in range(len(ds))))
+    return torch.stack(xs), torch.stack(ys)
+
+
+# ------------------------------------------------------------------------------ factories
+def _shakespeare(cfg) -> Task:
+    d, tc = cfg.data, cfg.train
+    if d.path is not None and not Path(d.path).is_file():
+        raise FileNotFoundError(f"data file for data.name={d.name!r} not found: data.path={d.path!r} "
+                                f"(leave data.path unset to use the copy shipped with cemlib)")
+    from cemlib.data.shakespeare import load_shakespeare
+    s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
+    return LanguageModelTask(TokenBatches(s.train, tc.context_length, seed=tc.seed, name="train"),
+                             TokenBatches(s.val, tc.context_length, seed=tc.seed + 2, name="val"),
+                             s.tokenizer.vocab_size, tc.eval_batches)
+
+
+def _listops(cfg, *, n_train: int = 50_000, n_test: int = 2_000, modulus: int = 20, max_depth: int = 2,
+             min_args: int = 2, max_args: int = 3, func_prob: float = 0.25, val_fraction: float = 0.1,
+             loss_on: str = "answer", data_seed: int = 0) -> Task:
+    """``loss_on="answer"``: loss on the answer token only; ``"all"``: on every next token of the
+    equation (padding excluded); the accuracy always scores the answer."""
+    from cemlib.data.listops import make_listops
+    if loss_on not in ("answer", "all"):
+        raise ConfigError(f"task.loss_on must be 'answer' or 'all', got {loss_on!r}")
+    s = make_listops(n_train, n_test, seed=data_seed, modulus=modulus, max_depth=max_depth,
+                     min_args=min_args, max_args=max_args, func_prob=func_prob)
+
+    def arrays(ds, idx=None):
+        x, y = _stack(ds)
+        mask = y != IGNORE_INDEX
+        if loss_on == "all":
+            y = ds.tokens[:, 1:].masked_fill(ds.tokens[:, 1:] == s.tokenizer.pad_id, IGNORE_INDEX)
+        return (x, y, mask) if idx is None else (x[idx], y[idx], mask[idx])
+
+    keep, val = split_off(len(s.train), val_fraction, data_seed)
+    splits = {"train": arrays(s.train, keep), "val": arrays(s.train, val), "test": arrays(s.test)}
+    return AnswerTask(splits, s.tokenizer.vocab_size, cfg.train.seed, cfg.train.eval_batches)
+
+
+def _lis(cfg, *, L: int = 10, n_train: int = 51_200, n_test: int = 5_120, cot: bool = True,
+         val_fraction: float = 0.1, score: str = "answer", data_seed: int = 0) -> Task:
+    """Loss on every output token (the DP chain and the answer, App. A.9's "answer tokens");
+    ``score="answer"`` scores the final LIS length, ``"all"`` the whole output. The accuracy is
+    teacher-forced; ``greedy_accuracy`` generates the output (the paper's test metric)."""
+    from cemlib.data.lis import make_lis
+    if score not in ("answer", "all"):
+        raise ConfigError(f"task.score must be 'answer' or 'all', got {score!r}")
+    s = make_lis(L, n_train, n_test, seed=data_seed, cot=cot)
+
+    def arrays(ds, idx=None):
+        x, y = _stack(ds)
+        mask = y != IGNORE_INDEX
+        if score == "answer":
+            mask = torch.zeros_like(mask)
+            mask[:, -1] = True
+        return (x, y, mask) if idx is None else (x[idx], y[idx], mask[idx])
+
+    keep, val = split_off(len(s.train), val_fraction, data_seed)
+    splits = {"train": arrays(s.train, keep), "val": arrays(s.train, val), "test": arrays(s.test)}
+    return AnswerTask(splits, s.vocab.vocab_size, cfg.train.seed, cfg.train.eval_batches, greedy=True)
+
+
+def _gp(cfg, *, kernel: str = "rbf", n_train: int = 1000, n_val: int = 200, n_test: int = 200, d: int = 10,
+        lengthscale: float | None = None, nu: float = 1.5, noise_std: float = 0.0, data_seed: int = 0) -> Task:
+    """One GP draw at ``n_train + n_val + n_test`` inputs (:func:`cemlib.data.gp.make_gp_regression`)."""
+    from cemlib.data.gp import make_gp_regression
+    try:
+        g = make_gp_regression(kernel, n_train, n_val + n_test, d, lengthscale, nu, noise_std, data_seed)
+    except ValueError as err:
+        raise ConfigError(f"gp task: {err}") from None
+    splits = {"train": (g.x_train, g.y_train), "val": (g.x_test[:n_val], g.y_test[:n_val]),
+              "test": (g.x_test[n_val:], g.y_test[n_val:])}
+    return RegressionTask(splits, cfg.train.seed, cfg.train.eval_batches)
+
+
+def _sudoku(cfg, *, loss_on: str = "all", n_train: int | None = None, n_test: int | None = None,
+            val_fraction: float = 0.1, data_seed: int = 0) -> Task:
+    """The shipped hard set (``data.path`` for another ``.npz`` in the same format). Inputs: 81 tokens
+    0..9 (0 = blank); classes 0..8 (digit - 1); the accuracies score the blanks."""
+    from cemlib.data.sudoku import load_sudoku
+    s = load_sudoku(cfg.data.path) if cfg.data.path else load_sudoku()
+
+    def arrays(ds, idx=None):
+        x, y = ds.puzzle, ds.solution - 1
+        if idx is not None:
+            x, y = x[idx], y[idx]
+        return x, y, x == 0
+
+    keep, val = split_off(len(s.train), val_fraction, data_seed)
+    if n_train is not None:
+        if isinstance(n_train, bool) or not isinstance(n_train, int) or not 1 <= n_train <= len(keep):
+            raise ConfigError(f"task.n_train must be an integer in 1..{len(keep)}, got {n_train!r}")
+        keep = keep[:n_train]
+    test = None
+    if n_test is not None:
+        if isinstance(n_test, bool) or not isinstance(n_test, int) or not 1 <= n_test <= len(s.test):
+            raise ConfigError(f"task.n_test must be an integer in 1..{len(s.test)}, got {n_test!r}")
+        test = torch.arange(n_test)
+    splits = {"train": arrays(s.train, keep), "val": arrays(s.train, val), "test": arrays(s.test, test)}
+    return TokenClassificationTask(splits, 9, cfg.train.seed, cfg.train.eval_batches, loss_on=loss_on,
+                                   vocab_size=10)
+
+
+def _digits(cfg, *, patch_size: int = 2, test_fraction: float = 0.2, val_fraction: float = 0.1,
+            data_seed: int = 0) -> Task:
+    from cemlib.data.digits import load_digit_patches
+    try:
+        s = load_digit_patches(patch_size, test_fraction, seed=data_seed)
+    except ValueError as err:
+        raise ConfigError(f"digits task: {err}") from None
+    keep, val = split_off(len(s.train), val_fraction, data_seed)
+    splits = {"train": (s.train.patches[keep], s.train.labels[keep]),
+              "val": (s.train.patches[val], s.train.labels[val]),
+              "test": (s.test.patches, s.test.labels)}
+    return ClassificationTask(splits, 10, cfg.train.seed, cfg.train.eval_batches)
+
+
+def load_cifar10(path: str | Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """CIFAR-10 from the *binary* distribution on disk (``data_batch_1.bin`` .. ``_5.bin``,
+    ``test_batch.bin``: records of 1 label byte + 3072 pixel bytes, channel-major 32x32). Returns
+    ``{"train": (images uint8 (50000, 3, 32, 32), labels), "test": ...}``. Nothing is downloaded
+    and nothing is unpickled (the Python distribution is a pickle, so it is not read)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"CIFAR-10 folder not found: {root} (give the folder that holds "
+                                f"data_batch_1.bin ... test_batch.bin; cemlib never downloads it)")
+
+    def read(names):
+        xs, ys = [], []
+        for name in names:
+            f = root / name
+            if not f.is_file():
+                raise FileNotFoundError(f"{f} is missing (the binary CIFAR-10 distribution has "
+                                        f"data_batch_1.bin .. data_batch_5.bin and test_batch.bin)")
+            raw = np.fromfile(f, dtype=np.uint8)
+            if raw.size % 3073:
+                raise TaskDataError(f"{f} is not a CIFAR-10 binary batch ({raw.size} bytes is not a "
+                                    f"multiple of 3073)")
+            raw = raw.reshape(-1, 3073)
+            ys.append(torch.from_numpy(raw[:, 0].astype(np.int64)))
+            xs.append(torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()))
+        return torch.cat(xs), torch.cat(ys)
+
+    return {"train": read([f"data_batch_{i}.bin" for i in range(1, 6)]), "test": read(["test_batch.bin"])}
+
+
+def _cifar10(cfg, *, patch_size: int = 4, val_fraction: float = 0.1, n_train: int | None = None,
+             data_seed: int = 0) -> Task:
+    """Opt-in: ``--set data.path=/folder/of/cifar-10-batches-bin``. Patches of ``p x p x 3``
+    values in [0, 1], per-channel standardised with train statistics."""
+    if cfg.data.path is None:
+        raise ConfigError("the cifar10 task reads a local copy only: set data.path to the folder of "
+                          "the binary CIFAR-10 distribution (cifar-10-batches-bin)")
+    if 32 % patch_size:
+        raise ConfigError(f"task.patch_size must divide 32, got {patch_size}")
+    raw = load_cifar10(cfg.data.path)
+    x_tr, y_tr = raw["train"]
+    if n_train is not None:
+        x_tr, y_tr = x_tr[:n_train], y_tr[:n_train]
+    mean = (x_tr.float() / 255).mean((0, 2, 3), keepdim=True)
+    std = (x_tr.float() / 255).std((0, 2, 3), keepdim=True)
+
+    def patches(x):
+        x = ((x.float() / 255) - mean) / std
+        p = patch_size
+        x = x.unfold(2, p, p).unfold(3, p, p)                       # (N, 3, H/p, W/p, p, p)
+        return x.permute(0, 2, 3, 1, 4, 5).reshape(x.shape[0], -1, 3 * p * p)
+
+    keep, val = split_off(len(y_tr), val_fraction, data_seed)
+    splits = {"train": (patches(x_tr[keep]), y_tr[keep]), "val": (patches(x_tr[val]), y_tr[val]),
+              "test": (patches(raw["test"][0]), raw["test"][1])}
+    return ClassificationTask(splits, 10, cfg.train.seed, cfg.train.eval_batches)
+
+
+TASKS = {"shakespeare": _shakespeare, "listops": _listops, "lis": _lis, "gp": _gp, "sudoku": _sudoku,
+         "digits": _digits, "cifar10": _cifar10}
+
+
+def make_task(cfg) -> Task:
+    """The task of ``cfg`` (``cfg.data.name`` with keyword arguments ``cfg.task``)."""
+    name = cfg.data.name
+    if name not in TASKS:
+        raise ConfigError(f"unknown dataset data.name={name!r}; known: {', '.join(sorted(TASKS))}")
+    factory = TASKS[name]
+    known = [p for p in inspect.signature(factory).parameters if p != "cfg"]
+    unknown = sorted(set(cfg.task) - set(known))
+    if unknown:
+        raise ConfigError(f"task options {unknown} are not options of the {name!r} data; known: "
+                          f"{', '.join(known) or 'none'}")
+    return factory(cfg, **cfg.task)

@@ -1,0 +1,68 @@
+"""The stored results under book/results/: complete provenance, and a CPU result re-run from its
+recorded command reproduces its metrics.
+
+Tolerance: on the machine that wrote them the re-run is bit-identical; a reader's CPU (another
+BLAS, another vector width) may round differently, so metrics are compared to a relative 1e-3,
+far below any difference the book draws a conclusion from.
+"""
+
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from cemlib.train.__main__ import main
+from cemlib.train.results import load_results
+
+RESULTS = Path(__file__).resolve().parent.parent / "book" / "results"
+FILES = sorted(p for p in RESULTS.rglob("*.json") if p.name != "summary.json")
+RTOL = 1e-3
+MAX_RERUN_S = 20.0  # re-run every stored CPU result whose recorded wall time is below this
+
+
+def _final(res: dict) -> dict:
+    """Every final metric (``metrics["final"]``; files from before tasks existed have only the
+    language-model losses)."""
+    m = res["metrics"]
+    out = dict(m.get("final") or {})
+    out.update({k: m[k] for k in ("final_val_loss", "final_train_loss") if m.get(k) is not None})
+    return out
+
+
+def test_there_are_stored_results():
+    assert FILES, "book/results holds no results files"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_stored_result_has_provenance(path):
+    res = load_results(path)  # checks the schema's required fields
+    assert res["command"].startswith(("python -m cemlib.train ", "torchrun ")), res["command"]
+    assert re.fullmatch(r"[0-9a-f]{40}", res["git_commit"]), \
+        f"{path.name}: results must come from a clean commit, got {res['git_commit']!r}"
+    assert res["device"]["label"] and res["versions"]["torch"]
+    assert res["metrics"]["wall_time_s"] > 0
+    assert all(math.isfinite(v) for v in _final(res).values())
+
+
+def _fast_cpu_results():
+    out = []
+    for p in FILES:
+        res = json.loads(p.read_text())
+        if res["device"]["type"] == "cpu" and res["metrics"]["wall_time_s"] <= MAX_RERUN_S:
+            out.append(p)
+    return out or [RESULTS / "shakespeare_llama_cpu.json"]  # at least one, even if slower
+
+
+@pytest.mark.parametrize("path", _fast_cpu_results(), ids=lambda p: str(p.relative_to(RESULTS)))
+def test_stored_cpu_result_reproduces_from_its_command(path, tmp_path):
+    stored = load_results(path)
+    argv = shlex.split(stored["command"])
+    assert argv[:3] == ["python", "-m", "cemlib.train"]
+    assert main(argv[3:] + ["--quiet", "--out", str(tmp_path)]) == 0
+    fresh = load_results(tmp_path / "results.json")
+    assert fresh["num_parameters"] == stored["num_parameters"]
+    for key, value in _final(stored).items():
+        assert _final(fresh)[key] == pytest.approx(value, rel=RTOL), key
