@@ -18,4 +18,9 @@ def pytest_collectstart(collector):
             "application/vnd.jupyter.widget-state+json",
             "application/javascript",
             "text/html",
+            # figures and animations stored with myst_nb.glue (display=False) for numbered captions:
+            # compared like plt.show() images, i.e. not at all (their text/plain still is)
+            "application/papermill.record/image/png",
+            "application/papermill.record/image/jpeg",
+            "application/papermill.record/text/html",
         )
