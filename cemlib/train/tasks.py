@@ -17,8 +17,8 @@ Kinds (each checks its data and the model's output shape, with errors that say w
 - :class:`AnswerTask` -- next-token prediction scored on chosen positions only (ListOps, NRGPT
   §3.2; LIS, Transformers-as-intrinsic-optimizers App. A.9): ``targets`` hold ``-100`` where no
   loss is taken; metrics ``loss``, ``token_accuracy`` and ``accuracy`` (every scored token of the
-  row right, teacher-forced), and with ``greedy=True`` also ``greedy_accuracy`` (the answer
-  generated token by token from the prompt, as LIS is scored).
+  row right, teacher-forced), and with ``greedy=True`` also ``greedy_accuracy`` on the test
+  split (the answer generated token by token from the prompt, as LIS is scored).
 - :class:`RegressionTask` -- vectors to vectors with MSE (CEM Table 3); metrics ``loss`` (MSE)
   and ``rmse``.
 - :class:`TokenClassificationTask` -- one class per position (Sudoku, Hyper-SET §5.1): loss on
@@ -268,9 +268,9 @@ class AnswerTask(Task):
     ``inputs`` and ``targets``: int64 ``(N, T)``; ``targets[i, t]`` is the token that should follow
     ``inputs[i, :t+1]`` or ``-100``. ``answer_mask`` (bool ``(N, T)``, default ``targets !=
     -100``) selects the positions the accuracies score, so the loss may cover more (e.g. every
-    next token) than the answer. ``greedy=True`` adds ``greedy_accuracy``: the scored positions
-    are generated left to right, each prediction fed back as the next input (meaningful when the
-    scored positions are one contiguous block per row, as in LIS; for a single answer token it
+    next token) than the answer. ``greedy=True`` adds ``greedy_accuracy`` on the test split: every
+    output position (``targets != -100``) is generated left to right, each prediction fed back as
+    the next input, and the ``answer_mask`` positions are scored (for a single answer token it
     equals ``accuracy``).
     """
 
@@ -301,8 +301,9 @@ class AnswerTask(Task):
         self.metric_names = ("loss", "token_accuracy", "accuracy") + (("greedy_accuracy",) if greedy else ())
 
     def _greedy_on(self, split) -> bool:
-        """Greedy decoding (one forward pass per generated token) on the held-out splits only."""
-        return self.greedy and split != "train"
+        """Greedy decoding costs one forward pass per generated token: it runs on the test split
+        only (the paper's test metric); model selection on val uses the teacher-forced accuracy."""
+        return self.greedy and split == "test"
 
     def _logits(self, model, x):
         logits = model(x)
