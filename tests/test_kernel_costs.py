@@ -14,7 +14,6 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from cemlib.kernels import costs as C  # noqa: E402
 from cemlib.kernels import dispatch, reference  # noqa: E402
@@ -25,10 +24,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 f64 = torch.float64
 
 
-def counted(fn):
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
+counted = C.count_flops
 
 
 def test_attention_flops_match_the_flop_counter_on_the_reference():

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Cost", "Machine", "H100_SXM_DATASHEET", "attention_flops", "attention_bytes",
+__all__ = ["count_flops", "Cost", "Machine", "H100_SXM_DATASHEET", "attention_flops", "attention_bytes",
            "attention_cost", "mlp_flops", "mlp_cost", "kv_cache_bytes_per_token",
            "key_rows_streamed", "tied_attention_peak_bytes", "gated_step_peak_bytes",
            "tie_comparison", "BACKWARD_MATMULS"]
@@ -270,3 +270,13 @@ def tie_comparison(*, phase: str, L: int, batch: int, n_heads: int, head_dim: in
     out["MLP, tied, V read once"] = mlp_cost(N, D_h, d_ff, kind="cem", elem_bytes=elem_bytes,
                                              v_passes=1)
     return out
+
+
+def count_flops(fn) -> int:
+    """FLOPs that ``fn()`` performs, as counted by :class:`torch.utils.flop_counter.FlopCounterMode`
+    (2 per multiply-add of every matrix product; element-wise work is not counted). The measured
+    counterpart of the closed forms above."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())

@@ -1,4 +1,4 @@
-"""The recurrent-Transformer baseline of Hyper-SET's experiments (seed ``004``, §5): one standard
+"""The recurrent-Transformer baseline of Hyper-SET's experiments (Hu et al. 2025, arXiv:2502.11646, §5): one
 pre-LayerNorm Transformer layer (bidirectional multi-head softmax attention with ``W_Q, W_K, W_V,
 W_O``, then a ReLU MLP, each with a residual connection) applied ``n_iter`` times with shared
 weights, inside exactly the embedding, positions and head of

@@ -101,11 +101,9 @@ def count_matmul_flops(model: nn.Module, x: torch.Tensor) -> int:
     """Forward FLOPs of ``model(x)`` counted by :class:`torch.utils.flop_counter.FlopCounterMode`:
     2 per multiply-add of every matrix product (``mm``, ``addmm``, ``bmm``, ...); element-wise work
     (norms, activations, bias adds, residual adds) is not counted."""
-    from torch.utils.flop_counter import FlopCounterMode
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(x)
-    return int(counter.get_total_flops())
+    from cemlib.kernels.costs import count_flops
+    with torch.no_grad():
+        return count_flops(lambda: model(x))
 
 
 def regressor_matmul_flops(in_dim: int, d_model: int, d_ff: int, mlp: str = "gated", T: int = 1,

@@ -112,6 +112,33 @@ def run_experiment(experiment: str, preset: str = "cpu", overrides=(), out_dir=N
     return trainer.fit(resume=resume, until=until)
 
 
+# ------------------------------------------------------------------------------ helpers for the registrations
+def _construct(cls, *args, **kwargs) -> nn.Module:
+    """``cls(*args, **kwargs)``, with a wrong model option reported as a :class:`ConfigError`."""
+    try:
+        return cls(*args, **kwargs)
+    except TypeError as err:
+        raise ConfigError(f"model options {sorted(kwargs)} do not fit {cls.__name__}: {err}") from None
+
+
+def _pick_arch(kwargs: dict, classes: dict) -> tuple[type, dict]:
+    """The class named by ``kwargs["arch"]`` and the remaining keyword arguments."""
+    kw = dict(kwargs)
+    arch = kw.pop("arch", None)
+    if arch not in classes:
+        raise ConfigError(f"model.arch must be one of {sorted(classes)}, got {arch!r}")
+    return classes[arch], kw
+
+
+def _presets(name: str, data: str, cpu: dict, gpu: dict) -> dict:
+    """The ``cpu`` and ``gpu`` :class:`ExperimentConfig` of ``name`` on dataset ``data``; each
+    preset is ``{"model": ..., "task": ..., "optim": OptimConfig kwargs, "train": TrainConfig kwargs}``."""
+    return {key: ExperimentConfig(experiment=name, preset=key, model=dict(p["model"]),
+                                  task=dict(p.get("task", {})), data=DataConfig(name=data),
+                                  optim=OptimConfig(**p["optim"]), train=TrainConfig(**p["train"]))
+            for key, p in (("cpu", cpu), ("gpu", gpu))}
+
+
 # ------------------------------------------------------------------------------ Shakespeare
 def _build_lm(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.lm import LanguageModel, LMConfig
@@ -159,10 +186,6 @@ register(_shakespeare("shakespeare-cem-mlp-pm", "llama", "cem",
                       _pm_width(128), _pm_width(384)))
 
 
-def _shakespeare_variant(name: str, base: tuple[str, str], what: str, model: dict) -> Experiment:
-    return _shakespeare(name, *base, what, model, model)
-
-
 # CEM ablations (CEM §4, Figs. 2-4): each one config change away from a registered model
 for _name, _base, _what, _model in (
         ("shakespeare-cem-t2", ("cem", "cem"), "full CEM with T = 2 recursive steps in every layer "
@@ -186,22 +209,15 @@ for _name, _base, _what, _model in (
          "residual sublayer applied twice (the Fig. 3c/4 baseline)", {"reuse_attn": 2, "reuse_mlp": 2}),
         ("shakespeare-cem-reuse2", ("cem", "cem"), "full CEM (T = 1) with plain layer reuse x2, "
          "against CEM's T = 2 recursion", {"reuse_attn": 2, "reuse_mlp": 2})):
-    register(_shakespeare_variant(_name, _base, _what, _model))
+    register(_shakespeare(_name, *_base, _what, _model, _model))
 
 
 # ------------------------------------------------------------------------------ NRGPT (ListOps, Shakespeare)
 def _build_token_model(kwargs: dict, task: Task) -> nn.Module:
     """``kwargs["arch"]``: ``nrgpt`` / ``rgpt`` (GPT_Rec_parallel) / ``gpt``; the rest go to the class."""
     from cemlib.models.nrgpt import GPTModel, NRGPTModel, RecurrentGPTModel
-    kw = dict(kwargs)
-    arch = kw.pop("arch", None)
-    classes = {"nrgpt": NRGPTModel, "rgpt": RecurrentGPTModel, "gpt": GPTModel}
-    if arch not in classes:
-        raise ConfigError(f"model.arch must be one of {sorted(classes)}, got {arch!r}")
-    try:
-        return classes[arch](task.info["vocab_size"], task.info["context_length"], **kw)
-    except TypeError as err:
-        raise ConfigError(f"model options {sorted(kw)} do not fit {classes[arch].__name__}: {err}") from None
+    cls, kw = _pick_arch(kwargs, {"nrgpt": NRGPTModel, "rgpt": RecurrentGPTModel, "gpt": GPTModel})
+    return _construct(cls, task.info["vocab_size"], task.info["context_length"], **kw)
 
 
 def _nrgpt_family(prefix: str, data: str, task: dict, cpu_model: dict, gpu_model: dict, cpu_train: dict,
@@ -211,17 +227,15 @@ def _nrgpt_family(prefix: str, data: str, task: dict, cpu_model: dict, gpu_model
              "gpt": ({"arch": "gpt"}, "standard deep GPT-2")}
     for arch, (extra, label) in archs.items():
         name = f"{prefix}-{arch}"
-        steps = {"n_layers" if arch == "gpt" else "n_steps": cpu_model["depth"]}
-        gsteps = {"n_layers" if arch == "gpt" else "n_steps": gpu_model["depth"]}
-        cm = {k: v for k, v in cpu_model.items() if k != "depth"}
-        gm = {k: v for k, v in gpu_model.items() if k != "depth"}
-        presets = {
-            "cpu": ExperimentConfig(experiment=name, preset="cpu", model={**extra, **cm, **steps},
-                                    task=dict(task.get("cpu", {})), data=DataConfig(name=data),
-                                    optim=OptimConfig(**cpu_optim), train=TrainConfig(**cpu_train)),
-            "gpu": ExperimentConfig(experiment=name, preset="gpu", model={**extra, **gm, **gsteps},
-                                    task=dict(task.get("gpu", {})), data=DataConfig(name=data),
-                                    optim=OptimConfig(**gpu_optim), train=TrainConfig(**gpu_train))}
+        depth = "n_layers" if arch == "gpt" else "n_steps"
+
+        def model(m: dict) -> dict:
+            return {**extra, **{k: v for k, v in m.items() if k != "depth"}, depth: m["depth"]}
+        presets = _presets(name, data,
+                           {"model": model(cpu_model), "task": task.get("cpu", {}), "optim": cpu_optim,
+                            "train": cpu_train},
+                           {"model": model(gpu_model), "task": task.get("gpu", {}), "optim": gpu_optim,
+                            "train": gpu_train})
         register(Experiment(name, f"{what}: {label}", _build_token_model, presets))
 
 
@@ -257,10 +271,7 @@ _nrgpt_family(
 # ------------------------------------------------------------------------------ GP regression (CEM Table 3)
 def _build_regressor(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.regression import MLPRegressor
-    try:
-        return MLPRegressor(task.info["in_dim"], task.info["out_dim"], **kwargs)
-    except TypeError as err:
-        raise ConfigError(f"model options {sorted(kwargs)} do not fit MLPRegressor: {err}") from None
+    return _construct(MLPRegressor, task.info["in_dim"], task.info["out_dim"], **kwargs)
 
 
 # Widths (ours; the paper gives none): D_h = 64, one residual block. Gated (SwiGLU) d_ff = 172 and
@@ -276,27 +287,21 @@ for _name, _model, _what in (
     _m = {"d_model": 64, **_model}
     register(Experiment(
         _name, f"GP regression on 10-D inputs (CEM Table 3; kernel: task.kernel): {_what}", _build_regressor,
-        {"cpu": ExperimentConfig(experiment=_name, preset="cpu", model=dict(_m), data=DataConfig(name="gp"),
-                                 task={"kernel": "rbf", "n_train": 1000},
-                                 optim=OptimConfig(lr=3e-3, beta2=0.99, weight_decay=0.0, warmup_steps=50,
-                                                   min_lr_ratio=0.01),
-                                 train=TrainConfig(max_steps=1500, batch_size=100, eval_interval=250,
-                                                   eval_batches=10, log_interval=25)),
-         "gpu": ExperimentConfig(experiment=_name, preset="gpu", model=dict(_m), data=DataConfig(name="gp"),
-                                 task={"kernel": "rbf", "n_train": 4000},
-                                 optim=OptimConfig(lr=3e-3, beta2=0.99, weight_decay=0.0, warmup_steps=200,
-                                                   min_lr_ratio=0.01),
-                                 train=TrainConfig(max_steps=20_000, batch_size=100, eval_interval=1000,
-                                                   eval_batches=40, log_interval=100))}))
+        _presets(_name, "gp",
+                 {"model": _m, "task": {"kernel": "rbf", "n_train": 1000},
+                  "optim": dict(lr=3e-3, beta2=0.99, weight_decay=0.0, warmup_steps=50, min_lr_ratio=0.01),
+                  "train": dict(max_steps=1500, batch_size=100, eval_interval=250, eval_batches=10,
+                                log_interval=25)},
+                 {"model": _m, "task": {"kernel": "rbf", "n_train": 4000},
+                  "optim": dict(lr=3e-3, beta2=0.99, weight_decay=0.0, warmup_steps=200, min_lr_ratio=0.01),
+                  "train": dict(max_steps=20_000, batch_size=100, eval_interval=1000, eval_batches=40,
+                                log_interval=100)})))
 
 
 # ------------------------------------------------------------------------------ LIS (Newton attention)
 def _build_newton(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.newton_transformer import NewtonTransformer
-    try:
-        return NewtonTransformer(task.info["vocab_size"], task.info["context_length"], **kwargs)
-    except TypeError as err:
-        raise ConfigError(f"model options {sorted(kwargs)} do not fit NewtonTransformer: {err}") from None
+    return _construct(NewtonTransformer, task.info["vocab_size"], task.info["context_length"], **kwargs)
 
 
 # App. A.9: 3 layers, sinusoidal positions, dropout 0.1, AdamW(0.9, 0.999), lr 1e-4, weight decay
@@ -308,42 +313,30 @@ for _name, _model, _what in (
         ("lis-mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)")):
     register(Experiment(
         _name, f"LIS with the DP chain (intrinsic optimizers §5): {_what}", _build_newton,
-        {"cpu": ExperimentConfig(experiment=_name, preset="cpu",
-                                 model={"d_model": 64, "n_layers": 3, "n_heads": 4, **_model},
-                                 data=DataConfig(name="lis"),
-                                 task={"L": 10, "n_train": 8000, "n_test": 300, "val_fraction": 0.05},
-                                 optim=OptimConfig(lr=1e-3, beta2=0.999, weight_decay=0.01, warmup_steps=30,
-                                                   min_lr_ratio=0.1),
-                                 train=TrainConfig(max_steps=600, batch_size=64, eval_interval=200,
-                                                   eval_batches=4, log_interval=10)),
-         "gpu": ExperimentConfig(experiment=_name, preset="gpu",
-                                 model={"d_model": 256, "n_layers": 3, "n_heads": 4, **_model},
-                                 data=DataConfig(name="lis"), task={"L": 20},
-                                 optim=OptimConfig(lr=1e-4, beta2=0.999, weight_decay=0.01, warmup_steps=200,
-                                                   min_lr_ratio=0.1),
-                                 train=TrainConfig(max_steps=20_000, batch_size=128, eval_interval=2000,
-                                                   eval_batches=20, log_interval=50))}))
+        _presets(_name, "lis",
+                 {"model": {"d_model": 64, "n_layers": 3, "n_heads": 4, **_model},
+                  "task": {"L": 10, "n_train": 8000, "n_test": 300, "val_fraction": 0.05},
+                  "optim": dict(lr=1e-3, beta2=0.999, weight_decay=0.01, warmup_steps=30, min_lr_ratio=0.1),
+                  "train": dict(max_steps=600, batch_size=64, eval_interval=200, eval_batches=4,
+                                log_interval=10)},
+                 {"model": {"d_model": 256, "n_layers": 3, "n_heads": 4, **_model}, "task": {"L": 20},
+                  "optim": dict(lr=1e-4, beta2=0.999, weight_decay=0.01, warmup_steps=200, min_lr_ratio=0.1),
+                  "train": dict(max_steps=20_000, batch_size=128, eval_interval=2000, eval_batches=20,
+                                log_interval=50)})))
 
 
 # ------------------------------------------------------------------------------ Hyper-SET (Sudoku, digits)
 def _build_recurrent(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.hyperset import HyperSETModel
     from cemlib.models.recurrent_transformer import RecurrentTransformer
-    kw = dict(kwargs)
-    arch = kw.pop("arch", None)
-    classes = {"hyperset": HyperSETModel, "transformer": RecurrentTransformer}
-    if arch not in classes:
-        raise ConfigError(f"model.arch must be one of {sorted(classes)}, got {arch!r}")
+    cls, kw = _pick_arch(kwargs, {"hyperset": HyperSETModel, "transformer": RecurrentTransformer})
     info = task.info
     io = {"n_classes": info["n_classes"], "n_positions": info["n_positions"]}
     if "vocab_size" in info:
         io["vocab_size"] = info["vocab_size"]
     else:
         io["patch_dim"] = info["patch_dim"]
-    try:
-        return classes[arch](**io, **kw)
-    except TypeError as err:
-        raise ConfigError(f"model options {sorted(kw)} do not fit {classes[arch].__name__}: {err}") from None
+    return _construct(cls, **io, **kw)
 
 
 for _arch, _label in (("hyperset", "Hyper-SET (bi-softmax attention, tied ReLU FF, learned step "
@@ -352,32 +345,24 @@ for _arch, _label in (("hyperset", "Hyper-SET (bi-softmax attention, tied ReLU F
     _n = f"sudoku-{_arch}"
     register(Experiment(
         _n, f"hard Sudoku, a digit per blank (Hyper-SET §5.1): {_label}", _build_recurrent,
-        {"cpu": ExperimentConfig(experiment=_n, preset="cpu",
-                                 model={"arch": _arch, "d": 32, "n_heads": 4, "n_iter": 4},
-                                 data=DataConfig(name="sudoku"),
-                                 task={"n_train": 2000, "n_test": 200, "val_fraction": 0.02},
-                                 optim=OptimConfig(lr=2e-3, beta2=0.99, weight_decay=0.1, warmup_steps=20),
-                                 train=TrainConfig(max_steps=200, batch_size=32, eval_interval=100,
-                                                   eval_batches=4, log_interval=10)),
-         "gpu": ExperimentConfig(experiment=_n, preset="gpu",
-                                 model={"arch": _arch, "d": 256, "n_heads": 8, "n_iter": 16},
-                                 data=DataConfig(name="sudoku"),
-                                 optim=OptimConfig(lr=5e-4, beta2=0.99, weight_decay=0.1, warmup_steps=200),
-                                 train=TrainConfig(max_steps=8000, batch_size=64, eval_interval=1000,
-                                                   eval_batches=20, log_interval=50))}))
+        _presets(_n, "sudoku",
+                 {"model": {"arch": _arch, "d": 32, "n_heads": 4, "n_iter": 4},
+                  "task": {"n_train": 2000, "n_test": 200, "val_fraction": 0.02},
+                  "optim": dict(lr=2e-3, beta2=0.99, weight_decay=0.1, warmup_steps=20),
+                  "train": dict(max_steps=200, batch_size=32, eval_interval=100, eval_batches=4, log_interval=10)},
+                 {"model": {"arch": _arch, "d": 256, "n_heads": 8, "n_iter": 16},
+                  "optim": dict(lr=5e-4, beta2=0.99, weight_decay=0.1, warmup_steps=200),
+                  "train": dict(max_steps=8000, batch_size=64, eval_interval=1000, eval_batches=20,
+                                log_interval=50)})))
     _n = f"digits-{_arch}"
     register(Experiment(
         _n, f"8x8 digits as 2x2 patches, the offline stand-in for CIFAR (Hyper-SET §5.2): {_label}",
         _build_recurrent,
-        {"cpu": ExperimentConfig(experiment=_n, preset="cpu",
-                                 model={"arch": _arch, "d": 64, "n_heads": 4, "n_iter": 6, "pool": "cls"},
-                                 data=DataConfig(name="digits"),
-                                 optim=OptimConfig(lr=2e-3, beta2=0.99, weight_decay=0.05, warmup_steps=30),
-                                 train=TrainConfig(max_steps=500, batch_size=64, eval_interval=100,
-                                                   eval_batches=8, log_interval=10)),
-         "gpu": ExperimentConfig(experiment=_n, preset="gpu",
-                                 model={"arch": _arch, "d": 192, "n_heads": 6, "n_iter": 12, "pool": "cls"},
-                                 data=DataConfig(name="digits"),
-                                 optim=OptimConfig(lr=1e-3, beta2=0.99, weight_decay=0.05, warmup_steps=100),
-                                 train=TrainConfig(max_steps=4000, batch_size=128, eval_interval=500,
-                                                   eval_batches=10, log_interval=50))}))
+        _presets(_n, "digits",
+                 {"model": {"arch": _arch, "d": 64, "n_heads": 4, "n_iter": 6, "pool": "cls"},
+                  "optim": dict(lr=2e-3, beta2=0.99, weight_decay=0.05, warmup_steps=30),
+                  "train": dict(max_steps=500, batch_size=64, eval_interval=100, eval_batches=8, log_interval=10)},
+                 {"model": {"arch": _arch, "d": 192, "n_heads": 6, "n_iter": 12, "pool": "cls"},
+                  "optim": dict(lr=1e-3, beta2=0.99, weight_decay=0.05, warmup_steps=100),
+                  "train": dict(max_steps=4000, batch_size=128, eval_interval=500, eval_batches=10,
+                                log_interval=50)})))

@@ -44,7 +44,7 @@ from torch import nn
 from cemlib.train.data import DataMismatchError, TokenBatches
 
 __all__ = ["Task", "ExampleBatches", "LanguageModelTask", "AnswerTask", "RegressionTask",
-           "TokenClassificationTask", "ClassificationTask", "TaskDataError", "IGNORE_INDEX"]
+           "TokenClassificationTask", "ClassificationTask", "TaskDataError", "IGNORE_INDEX", "lm_loss"]
 
 IGNORE_INDEX = -100
 
@@ -170,14 +170,12 @@ class Task:
             i = rank + world * j
             yield (1.0, data.take(chunks[i])) if i < len(chunks) else (0.0, data.take(chunks[0]))
 
-    def stat_names(self) -> tuple[str, ...]:
-        raise NotImplementedError
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         raise NotImplementedError
 
     def eval_stats(self, model: nn.Module, batch, split: str | None = None) -> torch.Tensor:
-        """Sums over the batch, in the order of :meth:`stat_names` (a float64 vector)."""
+        """Sums over the batch as one float64 vector, in the order :meth:`summarize` reads them."""
         raise NotImplementedError
 
     def summarize(self, sums: list[float], split: str | None = None) -> dict:
@@ -199,6 +197,14 @@ def _check_labels(y: torch.Tensor, n_classes: int, name: str, ignore: bool = Fal
         raise TaskDataError(f"{name} must lie in 0..{n_classes - 1}"
                             f"{' (or -100 = ignored)' if ignore else ''}; found values in "
                             f"{int(valid.min())}..{int(valid.max())}")
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``model(x)`` (logits ``[B, L, V]``) against ``y``."""
+    logits = model(x)
+    if logits.dim() != 3 or logits.shape[:2] != x.shape:
+        raise TaskDataError(f"model must map idx {tuple(x.shape)} to logits [B, L, V], got {tuple(logits.shape)}")
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 def _f64(*values) -> torch.Tensor:
@@ -243,16 +249,9 @@ class LanguageModelTask(Task):
             idx = rank + world * j
             yield (1.0 if idx < n else 0.0), data.batch(idx, size)
 
-    def stat_names(self):
-        return ("loss_sum", "batches")
 
     def loss(self, model, batch):
-        x, y = batch
-        logits = model(x)
-        if logits.dim() != 3 or logits.shape[:2] != x.shape:
-            raise TaskDataError(f"model must map idx {tuple(x.shape)} to logits [B, L, V], "
-                                f"got {tuple(logits.shape)}")
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return lm_loss(model, *batch)
 
     def eval_stats(self, model, batch, split=None):
         return _f64(self.loss(model, batch), 1.0)
@@ -316,9 +315,6 @@ class AnswerTask(Task):
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                                ignore_index=IGNORE_INDEX)
 
-    def stat_names(self):
-        return ("loss_sum", "loss_tokens", "correct_tokens", "scored_tokens", "correct_rows", "rows") + \
-            (("greedy_rows",) if self.greedy else ())
 
     def eval_stats(self, model, batch, split=None):
         x, y, mask = batch
@@ -390,8 +386,6 @@ class RegressionTask(Task):
         x, y = batch
         return F.mse_loss(self._pred(model, x, y), y.float())
 
-    def stat_names(self):
-        return ("sse", "values")
 
     def eval_stats(self, model, batch, split=None):
         x, y = batch
@@ -451,8 +445,6 @@ class TokenClassificationTask(Task):
         x, y, mask = batch
         return self._ce(self._logits(model, x, y), y, mask, "mean")
 
-    def stat_names(self):
-        return ("loss_sum", "loss_positions", "correct_cells", "cells", "correct_boards", "boards")
 
     def eval_stats(self, model, batch, split=None):
         x, y, mask = batch
@@ -503,8 +495,6 @@ class ClassificationTask(Task):
         x, y = batch
         return F.cross_entropy(self._logits(model, x), y)
 
-    def stat_names(self):
-        return ("loss_sum", "correct", "examples")
 
     def eval_stats(self, model, batch, split=None):
         x, y = batch

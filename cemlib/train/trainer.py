@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from cemlib.train import checkpoint as ckpt
 from cemlib.train.config import ExperimentConfig, micro_batch_size, resolve_precision
 from cemlib.train.data import TokenBatches
-from cemlib.train.tasks import LanguageModelTask, Task
+from cemlib.train.tasks import LanguageModelTask, Task, lm_loss  # lm_loss: re-exported
 from cemlib.train.distributed import DistInfo, all_reduce_mean, init_distributed, unwrap_model, wrap_model
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer, make_scheduler
@@ -40,14 +40,6 @@ __all__ = ["Trainer", "NonFiniteError", "lm_loss", "choose_precision"]
 
 class NonFiniteError(FloatingPointError):
     """Loss or gradients became NaN/Inf; the message names the step and the first parameter."""
-
-
-def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of ``model(x)`` (logits ``[B, L, V]``) against ``y``."""
-    logits = model(x)
-    if logits.dim() != 3 or logits.shape[:2] != x.shape:
-        raise ValueError(f"model must map idx {tuple(x.shape)} to logits [B, L, V], got {tuple(logits.shape)}")
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 def choose_precision(precision: str, device: torch.device) -> str:
@@ -97,7 +89,7 @@ class Trainer:
         self.use_bf16 = self.precision == "bf16"
         # fp16 autocast needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
-        self.skipped_steps = 0
+        self.skipped_steps, self._skipped = 0, False
         self.raw_model = model.to(self.device)
         self.forward_flops, self.flops_source = forward_flops_per_token(self.raw_model)
         self.num_parameters = sum(p.numel() for p in self.raw_model.parameters())
