@@ -25,8 +25,10 @@ Choices (the papers are silent or disagree; see ``cemlib/README_cem.md``):
   ``u = hn_i``, so T = 1 is exactly pre-norm tied attention ``x + MHA(RMSNorm(x))``; the residual
   stream itself is never renormalised (the digest's "likely intended semantics").
 - ``diag="shared"`` (the paper's proposal) initialised to zero; ``diag_grad="exact"`` by default.
-- ALiBi ``-m_k|i-j|`` with ``m_k = 2^{-8k/K}`` ([arXiv] sign; the [ICLR] ``+`` sign favours distant
-  tokens); learnable self/cross biases per head, zero-initialised (only their difference matters).
+- ALiBi ``-m_k|i-j|`` with ``m_k = 2^{-8k/K}`` for every K (the ALiBi paper's geometric rule, see
+  :func:`cemlib.kernels.reference.alibi_slopes`; [arXiv] sign, the [ICLR] ``+`` sign favours distant
+  tokens), held in the layer's dtype; learnable self/cross biases per head, zero-initialised (only
+  their difference matters).
 - ``eta`` fixed at 1 by default (``learn_eta=True`` makes it a parameter).
 """
 
@@ -39,7 +41,7 @@ from torch import nn
 
 from cemlib.energies.cem import interaction_energy
 from cemlib.kernels import dispatch
-from cemlib.kernels.reference import alibi_slopes
+from cemlib.kernels.reference import alibi_slopes, refresh_alibi_buffer
 from cemlib.layers.base import EnergyLayer
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
@@ -98,7 +100,10 @@ class CEMAttention(EnergyLayer):
         else:
             self.d = None
         if alibi:
-            self.register_buffer("alibi", alibi_slopes(n_heads).float(), persistent=False)
+            # slopes in the default dtype (float32 unless set otherwise); _apply keeps them exact
+            # in whatever dtype the layer is converted to (.double(), .to(torch.float64), ...)
+            self.register_buffer("alibi", alibi_slopes(n_heads).to(torch.get_default_dtype()),
+                                 persistent=False)
         else:
             self.alibi = None
         if self_cross_bias:
@@ -112,6 +117,11 @@ class CEMAttention(EnergyLayer):
             self.eta = float(eta)
         self.P = Preconditioner(d_model, preconditioner, precond_rank, n_heads=n_heads,
                                 safeguard=precond_safeguard)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        refresh_alibi_buffer(self)  # exact slopes in the new dtype, not float32 ones widened
+        return self
 
     # -- pieces ------------------------------------------------------------------------------
     def _check(self, x: torch.Tensor, name: str) -> None:

@@ -4,7 +4,7 @@ and the SwiGLU gated MLP (CEM eq. 1 and eq. 6).
 Both return the *sublayer output* (the residual branch), to be wrapped by
 :class:`cemlib.layers.reuse.ResidualSublayer` (``x + f(RMSNorm(x))``), whereas the CEM layers
 return the updated stream. Attention scale ``1/sqrt(D_r)`` ([arXiv] eq. 1); ALiBi with
-``-m_k|i-j|``, ``m_k = 2^{-8k/K}``; RoPE in the Llama/HF "rotate-half" layout.
+``-m_k|i-j|``, ``m_k = 2^{-8k/K}`` for every K (as in CEM attention); RoPE in the Llama/HF "rotate-half" layout.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cemlib.kernels.reference import alibi_slopes, attention_bias
+from cemlib.kernels.reference import alibi_slopes, attention_bias, refresh_alibi_buffer
 from cemlib.positional import apply_rope, rope_angles  # re-exported: the baseline's RoPE
 from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
 
@@ -41,7 +41,13 @@ class LlamaAttention(nn.Module):
         self.W_V = nn.Parameter(torch.randn(inner, d_model) * init_std)
         self.W_O = nn.Parameter(torch.randn(inner, d_model) * init_std)  # enters as W_O^T (eq. 1)
         if pos == "alibi":
-            self.register_buffer("alibi", alibi_slopes(n_heads).float(), persistent=False)
+            self.register_buffer("alibi", alibi_slopes(n_heads).to(torch.get_default_dtype()),
+                                 persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        refresh_alibi_buffer(self)  # exact slopes in the new dtype (see CEMAttention)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``sum_k W_O^kT sum_j alpha_kij v_j^k`` for normalised input ``x`` (B, L, D_h)."""

@@ -24,7 +24,7 @@ from cemlib.layers.precondition import Preconditioner
 from cemlib.models.lm import LanguageModel, LMConfig
 
 __all__ = ["TABLE1", "table1_config", "meta_model", "count_parameters", "parameter_breakdown",
-           "sublayer_ratios", "table1_report", "flops_per_token"]
+           "sublayer_ratios", "table1_report", "flops_per_token", "kv_cache_bytes_per_token"]
 
 #: Table 1 of the CEM paper: name -> (d_model, n_layers, n_heads, d_ff, nominal parameter count).
 TABLE1: dict[str, tuple[int, int, int, int, int]] = {
@@ -137,3 +137,23 @@ def flops_per_token(cfg: LMConfig) -> int:
             step += 2 * 4 * D * cfg.precond_rank_mlp
         mlp = 2 * D * cfg.d_v + cfg.T_mlp * step         # gamma = W h once
     return cfg.n_layers * (cfg.reuse_attn * attn + cfg.reuse_mlp * mlp) + 2 * D * V
+
+
+def kv_cache_bytes_per_token(cfg: LMConfig, bytes_per_element: int = 2) -> int:
+    """Bytes that autoregressive decoding must keep per token of context, summed over layers.
+
+    Llama attention caches a key and a value per head: ``2 K D_r``. CEM attention ties them
+    (``W_V = W_K``), so one tensor serves as both: ``K D_r`` -- half (the CEM digest's claim C16).
+    With a KQ diagonal (``diag`` shared or per head, CEM eq. 12) the layer also needs the
+    normalised inputs ``RMSNorm(h_j)`` for the term ``h_j^T D_k u_i`` and the diagonal value path,
+    ``D_h`` more per token, which at ``K D_r = D_h`` gives back the saving. Recursion (``T``) reuses
+    the cache; plain layer reuse recomputes keys from a new state, so each pass has its own.
+    """
+    if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, int) or bytes_per_element < 1:
+        raise ValueError(f"bytes_per_element must be a positive integer, got {bytes_per_element!r}")
+    KR = cfg.n_heads * cfg.resolved_head_dim
+    if cfg.attn == "llama":
+        per_layer = 2 * KR
+    else:
+        per_layer = KR + (cfg.d_model if cfg.diag != "none" else 0)
+    return cfg.n_layers * cfg.reuse_attn * per_layer * bytes_per_element
