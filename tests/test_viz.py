@@ -77,3 +77,45 @@ def test_bad_input():
         L.landscape_small_multiples(PATTERNS, [], STARTS)
     with pytest.raises(ValueError, match="rule"):
         Wd.landscape_explorer(PATTERNS, rule="adam")
+
+
+def test_every_explorer_says_it_needs_a_kernel_and_wraps_at_phone_width():
+    """On the static website the widgets render but nothing redraws: each explorer must say so
+    itself, and its control columns must wrap instead of overlapping on a narrow screen."""
+    pytest.importorskip("ipywidgets")
+    from cemlib.viz import energy2d as E2
+
+    land = lambda tau: E2.cem_attention_landscape(PATTERNS, tau=tau)
+    for w in (Wd.landscape_explorer(PATTERNS, steps=2),
+              E2.energy_explorer(land, {"tau": ("temperature τ", 0.1, 4.0, 0.05, 1.0)}, steps=2)):
+        note = w.children[0]
+        assert "needs a running Python kernel" in note.value and "website" in note.value
+        controls = w.children[1]
+        assert controls.layout.flex_flow == "row wrap" and len(controls.children) == 2
+        assert w.image.layout.max_width == "100%"
+        assert [s.description for s in (w.eta, w.steps, w.x0, w.y0)] == ["step size η", "steps",
+                                                                        "start x₁", "start x₂"]
+
+
+def test_gp_draws_along_the_diagonal_and_the_gp_explorer():
+    from matplotlib.figure import Figure
+
+    from cemlib.data.gp import sample_gp
+    from cemlib.viz import gp as G
+
+    s, z = G.diagonal_inputs(9, dim=3)
+    assert z.shape == (9, 3) and torch.equal(z[:, 2], s) and s[0] == -1 and s[-1] == 1
+    fig = Figure()
+    ax = fig.subplots()
+    d = G.plot_gp_draws(ax, "periodic", 0.7, seed=4, num_draws=2, n=9, dim=3, period=1.5)
+    ref = sample_gp(z, "periodic", 0.7, generator=torch.Generator().manual_seed(4), num_draws=2, period=1.5)
+    assert torch.equal(d, ref) and len(ax.lines) == 2 and ax.get_title() == "periodic"
+    with pytest.raises(ValueError, match="kernel"):
+        G.plot_gp_draws(ax, "cosine", 1.0)
+    pytest.importorskip("ipywidgets")
+    w = G.gp_slice_explorer("matern", 1.0)
+    assert repr(w) == "GPSliceExplorer(kernel='matern', lengthscale=1, seed=0)"
+    assert "needs a running Python kernel" in w.children[0].value
+    first = w.image.value
+    w.seed.value = 3
+    assert w.image.value[:8] == b"\x89PNG\r\n\x1a\n" and w.image.value != first

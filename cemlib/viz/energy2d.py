@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from cemlib.utils import check_positive_int, check_tensor
+from cemlib.viz.landscape import contour_panel
+from cemlib.viz.widgets import control_columns, kernel_note, step_controls
 
 __all__ = ["Landscape2D", "cem_attention_landscape", "cem_mlp_landscape", "energy_grid",
            "shared_levels", "descent_path", "plot_energy", "energy_small_multiples",
@@ -178,18 +180,11 @@ def plot_energy(ax, land: Landscape2D, xlim: Lim = (-2.0, 2.0), ylim: Lim = (-2.
     """Filled contours of the energy, its marked points and axis labels; returns the contour set."""
     X, Y, E = energy_grid(land, xlim, ylim, n)
     levels = np.linspace(np.quantile(E, 0.02), np.quantile(E, 0.98), 21) if levels is None else levels
-    cs = ax.contourf(X, Y, E, levels=levels, cmap="viridis", extend="both")
-    ax.contour(X, Y, E, levels=levels[::2], colors="white", linewidths=0.4, alpha=0.6)
+    cs = contour_panel(ax, X, Y, E, levels, xlim, ylim, extend="both")
     if land.points is not None:
         p = land.points.detach().numpy()
         ax.scatter(p[:, 0], p[:, 1], marker="*", s=150, color="#D55E00", edgecolor="white",
                    linewidth=0.8, zorder=5, label=land.points_label or None)
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
-    ax.set_aspect("equal")
-    ax.set_xlabel(r"state coordinate $x_1$")
-    ax.set_ylabel(r"state coordinate $x_2$")
-    ax.grid(False)
     if title and land.title:
         ax.set_title(land.title)
     return cs
@@ -323,18 +318,11 @@ def _explorer_class():
                     w = W.FloatSlider(value=value, min=lo, max=hi, step=step, description=desc,
                                       style=style)
                 self.params[name] = w
-            self.eta = W.FloatSlider(value=eta, min=0.05, max=3.0, step=0.05, description="step size η",
-                                     style=style)
-            self.steps = W.IntSlider(value=steps, min=1, max=40, description="steps", style=style)
-            self.x0 = W.FloatSlider(value=float(start[0]), min=xlim[0], max=xlim[1], step=0.05,
-                                    description="start x₁", style=style)
-            self.y0 = W.FloatSlider(value=float(start[1]), min=ylim[0], max=ylim[1], step=0.05,
-                                    description="start x₂", style=style)
-            self.image = W.Image(format="png")
+            self.eta, self.steps, self.x0, self.y0 = step_controls(start, eta, steps, xlim, ylim, eta_max=3.0)
+            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
             self.info = W.Label()
-            controls_box = W.HBox([W.VBox(list(self.params.values())),
-                                   W.VBox([self.eta, self.steps, self.x0, self.y0])])
-            super().__init__(children=[controls_box, self.image, self.info])
+            controls_box = control_columns(list(self.params.values()), [self.eta, self.steps, self.x0, self.y0])
+            super().__init__(children=[kernel_note(), controls_box, self.image, self.info])
             for w in (*self.params.values(), self.eta, self.steps, self.x0, self.y0):
                 w.observe(self._redraw, names="value")
             self._redraw()

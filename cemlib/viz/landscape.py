@@ -57,20 +57,29 @@ def plot_patterns(ax, patterns: torch.Tensor, label: str = "stored patterns"):
                       linewidth=0.8, zorder=5, label=label)
 
 
-def plot_landscape(ax, patterns: torch.Tensor, beta: float, xlim: Lim = (-2.0, 2.0), ylim: Lim = (-2.0, 2.0),
-                   n: int = 121, levels: np.ndarray | None = None, title: bool = True):
-    """Filled contours of E on ``ax``, the stored patterns, axis labels; returns the contour set."""
-    X, Y, E = energy_grid(patterns, beta, xlim, ylim, n)
-    levels = energy_levels(patterns) if levels is None else levels
-    cs = ax.contourf(X, Y, E, levels=levels, cmap="viridis", extend="max")
+def contour_panel(ax, X: np.ndarray, Y: np.ndarray, E: np.ndarray, levels: np.ndarray, xlim: Lim, ylim: Lim,
+                  extend: str = "max"):
+    """Filled contours of a 2-D energy ``E`` on the grid ``(X, Y)`` with white level lines, equal
+    aspect and the state-coordinate axis labels shared by every landscape in the book; returns the
+    contour set (for a colorbar)."""
+    cs = ax.contourf(X, Y, E, levels=levels, cmap="viridis", extend=extend)
     ax.contour(X, Y, E, levels=levels[::2], colors="white", linewidths=0.4, alpha=0.6)
-    plot_patterns(ax, patterns)
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
     ax.set_aspect("equal")
     ax.set_xlabel(r"state coordinate $x_1$")
     ax.set_ylabel(r"state coordinate $x_2$")
     ax.grid(False)
+    return cs
+
+
+def plot_landscape(ax, patterns: torch.Tensor, beta: float, xlim: Lim = (-2.0, 2.0), ylim: Lim = (-2.0, 2.0),
+                   n: int = 121, levels: np.ndarray | None = None, title: bool = True):
+    """Filled contours of E on ``ax``, the stored patterns, axis labels; returns the contour set."""
+    X, Y, E = energy_grid(patterns, beta, xlim, ylim, n)
+    levels = energy_levels(patterns) if levels is None else levels
+    cs = contour_panel(ax, X, Y, E, levels, xlim, ylim, extend="max")
+    plot_patterns(ax, patterns)
     if title:
         ax.set_title(rf"$\beta = {beta:g}$")
     return cs

@@ -21,7 +21,7 @@ from cemlib.utils import check_tensor
 from cemlib.viz.landscape import plot_landscape, plot_trajectory
 from cemlib.viz.style import STYLE_PATH
 
-__all__ = ["render_landscape_png", "landscape_explorer"]
+__all__ = ["render_landscape_png", "landscape_explorer", "kernel_note", "step_controls", "control_columns"]
 
 RULES = ("cccp", "gradient")
 
@@ -50,6 +50,43 @@ def render_landscape_png(patterns: torch.Tensor, start: torch.Tensor, beta: floa
     return buf.getvalue(), traj
 
 
+KERNEL_NOTE = ("Live explorer: it needs a running Python kernel (open the chapter in Jupyter or Colab). "
+               "On the website the controls do nothing; the static figure next to it shows the same.")
+
+
+def kernel_note():
+    """The label every explorer shows above its controls, so a reader of the static website is told
+    that the sliders need a kernel (the widget renders there, but nothing redraws)."""
+    import ipywidgets as W
+
+    return W.HTML(f"<p style='margin:0 0 4px 0; font-style:italic'>{KERNEL_NOTE}</p>",
+                  layout=W.Layout(max_width="100%"))
+
+
+def step_controls(start, eta: float, steps: int, xlim, ylim, eta_max: float = 2.5):
+    """The controls every landscape explorer shares: step size η, number of steps, start point.
+
+    Returns ``(eta, steps, x0, y0)`` ipywidgets sliders; their layout wraps at phone width."""
+    import ipywidgets as W
+
+    style = {"description_width": "initial"}
+    eta_w = W.FloatSlider(value=eta, min=0.05, max=eta_max, step=0.05, description="step size η",
+                          style=style)
+    steps_w = W.IntSlider(value=steps, min=1, max=40, description="steps", style=style)
+    x0 = W.FloatSlider(value=float(start[0]), min=xlim[0], max=xlim[1], step=0.05,
+                       description="start x₁", style=style)
+    y0 = W.FloatSlider(value=float(start[1]), min=ylim[0], max=ylim[1], step=0.05,
+                       description="start x₂", style=style)
+    return eta_w, steps_w, x0, y0
+
+
+def control_columns(*columns):
+    """Columns of controls side by side that wrap onto separate rows on a narrow (phone) screen."""
+    import ipywidgets as W
+
+    return W.HBox([W.VBox(list(c)) for c in columns], layout=W.Layout(flex_flow="row wrap"))
+
+
 @functools.lru_cache(maxsize=None)
 def _explorer_class():
     import ipywidgets as W
@@ -62,19 +99,13 @@ def _explorer_class():
             style = {"description_width": "initial"}
             self.beta = W.FloatLogSlider(value=beta, base=10, min=-1, max=1.5, step=0.05,
                                          description="inverse temperature β", style=style)
-            self.eta = W.FloatSlider(value=eta, min=0.05, max=2.5, step=0.05, description="step size η",
-                                     style=style)
             self.rule = W.Dropdown(options=[("CCCP (η = 1)", "cccp"), ("gradient step", "gradient")],
                                    value=rule, description="update rule", style=style)
-            self.steps = W.IntSlider(value=steps, min=1, max=40, description="steps", style=style)
-            self.x0 = W.FloatSlider(value=float(start[0]), min=xlim[0], max=xlim[1], step=0.05,
-                                    description="start x₁", style=style)
-            self.y0 = W.FloatSlider(value=float(start[1]), min=ylim[0], max=ylim[1], step=0.05,
-                                    description="start x₂", style=style)
-            self.image = W.Image(format="png")
+            self.eta, self.steps, self.x0, self.y0 = step_controls(start, eta, steps, xlim, ylim)
+            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
             self.info = W.Label()
-            controls = W.HBox([W.VBox([self.beta, self.eta, self.rule]), W.VBox([self.steps, self.x0, self.y0])])
-            super().__init__(children=[controls, self.image, self.info])
+            controls = control_columns([self.beta, self.eta, self.rule], [self.steps, self.x0, self.y0])
+            super().__init__(children=[kernel_note(), controls, self.image, self.info])
             for w in (self.beta, self.eta, self.rule, self.steps, self.x0, self.y0):
                 w.observe(self._redraw, names="value")
             self._redraw()

@@ -1,0 +1,113 @@
+"""Draws of the Gaussian processes of CEM's regression benchmark (Table 3 of the CEM paper), seen
+along one line through the input cube, and a live explorer for them (Chapter 6).
+
+The regression inputs are 10-D, so a draw cannot be drawn whole; the book looks at it along the
+cube's main diagonal ``z = s·(1, …, 1)``, ``s ∈ [-1, 1]``, where the lengthscale, the period and the
+roughness of each kernel show directly. The explorer needs a running kernel; its static companion
+is the five-panel figure made with :func:`plot_gp_draws`.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import torch
+
+from cemlib.data.gp import KERNELS, sample_gp
+from cemlib.utils import check_positive_int
+
+__all__ = ["KERNEL_TITLES", "diagonal_inputs", "plot_gp_draws", "gp_slice_explorer"]
+
+KERNEL_TITLES = {"rbf": "RBF", "matern": r"Matérn $\nu=3/2$", "periodic": "periodic",
+                 "rq": "rational quadratic", "nonstationary": "non-stationary"}
+
+
+def diagonal_inputs(n: int = 241, dim: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, z)``: ``n`` points ``s`` in ``[-1, 1]`` and the inputs ``z = s·1`` of shape ``(n, dim)`` (float64)."""
+    s = torch.linspace(-1, 1, check_positive_int(n, "n"), dtype=torch.float64)
+    return s, s[:, None].repeat(1, check_positive_int(dim, "dim"))
+
+
+def plot_gp_draws(ax, kernel: str, lengthscale: float, seed: int = 0, num_draws: int = 3, n: int = 241,
+                  dim: int = 10, title: bool = True, color: str | None = None,
+                  **kernel_options) -> torch.Tensor:
+    """Plot ``num_draws`` draws of the GP with ``kernel`` along the diagonal of the ``dim``-cube and
+    return them, shape ``(num_draws, n)``. ``kernel_options`` (``nu``, ``period``, ``alpha``) go to
+    :func:`cemlib.data.gp.sample_gp`."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    s, z = diagonal_inputs(n, dim)
+    draws = sample_gp(z, kernel, lengthscale, generator=torch.Generator().manual_seed(int(seed)),
+                      num_draws=num_draws, **kernel_options)
+    for d in draws:
+        ax.plot(s.numpy(), d.numpy(), lw=1.2, color=color)
+    ax.set_xlabel(r"$s$ (input $\mathbf{z}=s\,\mathbf{1}$)")
+    if title:
+        ax.set_title(KERNEL_TITLES[kernel])
+    return draws
+
+
+def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float = 2.0, alpha: float = 1.0,
+                  figsize=(5.6, 3.0), dpi: int = 80) -> bytes:
+    """One panel of :func:`plot_gp_draws` as PNG bytes (for the explorer)."""
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from cemlib.viz.style import STYLE_PATH
+
+    with matplotlib.style.context(STYLE_PATH):
+        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        plot_gp_draws(ax, kernel, lengthscale, seed, period=period, alpha=alpha)
+        ax.set_ylabel(r"$f(\mathbf{z})$")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=None)
+def _explorer_class():
+    import ipywidgets as W
+
+    from cemlib.viz.widgets import control_columns, kernel_note
+
+    class GPSliceExplorer(W.VBox):
+        """Kernel, lengthscale, period, RQ α and seed; three draws along the cube's diagonal below."""
+
+        def __init__(self, kernel, lengthscale):
+            st = {"description_width": "initial"}
+            names = [(KERNEL_TITLES[k].replace("$", "").replace(r"\nu", "ν"), k) for k in KERNELS]
+            self.kernel = W.Dropdown(options=names, value=kernel, description="kernel", style=st)
+            self.ell = W.FloatLogSlider(value=lengthscale, base=10, min=-0.5, max=1.2, step=0.05,
+                                        description="lengthscale ℓ", style=st)
+            self.period = W.FloatSlider(value=2.0, min=0.25, max=3.0, step=0.05, description="period p",
+                                        style=st)
+            self.alpha = W.FloatLogSlider(value=1.0, base=10, min=-1, max=3, step=0.1, description="RQ α",
+                                          style=st)
+            self.seed = W.IntSlider(value=0, min=0, max=20, description="seed", style=st)
+            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
+            controls = control_columns([self.kernel, self.ell, self.seed], [self.period, self.alpha])
+            super().__init__(children=[kernel_note(), controls, self.image])
+            for w in (self.kernel, self.ell, self.period, self.alpha, self.seed):
+                w.observe(self._redraw, names="value")
+            self._redraw()
+
+        def _redraw(self, change=None):
+            self.image.value = render_gp_png(self.kernel.value, self.ell.value, self.seed.value,
+                                             self.period.value, self.alpha.value)
+
+        def __repr__(self):
+            return (f"GPSliceExplorer(kernel={self.kernel.value!r}, lengthscale={self.ell.value:.3g}, "
+                    f"seed={self.seed.value})")
+
+    return GPSliceExplorer
+
+
+def gp_slice_explorer(kernel: str = "rbf", lengthscale: float = 10 ** 0.5):
+    """The live explorer of GP draws (ipywidgets; needs a running kernel: Jupyter or Colab)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return _explorer_class()(kernel, float(lengthscale))
