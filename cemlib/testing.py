@@ -1,7 +1,7 @@
 """The autograd oracle: helpers that tests and chapters use to check closed-form updates.
 
 Every layer's closed-form gradient is compared with ``torch.autograd.grad`` of its energy in
-float64 (PLAN.md section 3).
+float64 (the protocol of :mod:`cemlib.layers.base`).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_phi_silu_values_and_symbolic_derivative():
 def test_phi_silu_and_gelu_are_not_convex():
     x = torch.tensor([-2.0, 0.0])
     assert (PHI["silu"].d2(x) * torch.tensor([-1.0, 1.0]) > 0).all()   # phi'' < 0 at -2, > 0 at 0
-    assert abs(PHI["silu"].d2(torch.tensor(-1.27846454))) < 1e-8     # digest: sign change at -1.2785
+    assert abs(PHI["silu"].d2(torch.tensor(-1.27846454))) < 1e-8     # sign change at -1.2785
     assert PHI["gelu"].d2(torch.tensor(-1.5)) < 0
 
 
@@ -77,7 +77,7 @@ def test_interaction_grad_matches_autograd(diag, alibi, biases):
 
 
 def test_algorithm1_diag_form_is_not_the_gradient():
-    """Digest §2.3 FLAG: Algorithm 1 drops d_k * sum_j alpha_kij h_j; measure exactly that."""
+    """CEM eq. 12 in [ICLR] Algorithm 1: the update drops d_k * sum_j alpha_kij h_j; measure that."""
     x, h, W_Q, W_K = _attn_args()
     d = torch.randn(x.shape[-1])
     exact = autograd_grad(lambda z: cem.interaction_energy(z, h, W_Q, W_K, tau=2.0, d=d), x)
@@ -125,7 +125,7 @@ def test_self_cross_bias_only_difference_matters():
 
 
 def test_interaction_energy_is_concave_so_every_step_descends():
-    """Digest §7.10: eps(x - eta g) <= eps(x) - eta |g|^2 for every eta > 0 (App. C says convex)."""
+    """Concavity: eps(x - eta g) <= eps(x) - eta |g|^2 for every eta > 0 (CEM App. C says convex)."""
     x, h, W_Q, W_K = _attn_args()
     d = torch.randn(x.shape[-1])
     e0 = cem.interaction_energy(x, h, W_Q, W_K, tau=2.0, d=d)
@@ -176,7 +176,7 @@ def test_one_step_is_tied_swiglu():
 
 
 def test_hopfield_quadratic_term_removes_the_residual():
-    """Digest §7.11: with +|x|^2/2 a unit step gives H^T softmax(H x) (no residual)."""
+    """CEM App. C (CCCP): with +|x|^2/2 a unit step gives H^T softmax(H x) (no residual)."""
     x, H = torch.randn(4, 5), torch.randn(7, 5)
     g = autograd_grad(lambda z: cem.hopfield_energy(z, H, quadratic=True), x)
     torch.testing.assert_close(x - g, torch.softmax(x @ H.T, -1) @ H)
@@ -201,7 +201,7 @@ def test_bad_input_errors():
 
 
 def test_rope_interaction_gradient_values_are_rotated_keys():
-    """Appendix B with RoPE: grad = -W_Q^T R(i)^T sum_j alpha R(j) k_j (digest §2.4/§7.14): the
+    """Appendix B with RoPE: grad = -W_Q^T R(i)^T sum_j alpha R(j) k_j (our computation): the
     aggregated values R(j) k_j do not depend on the query position, contrary to the paper's
     memory argument."""
     x, h, W_Q, W_K = _attn_args(R=4)

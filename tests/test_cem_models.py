@@ -51,16 +51,16 @@ def test_table1_llama_sizes(name):
     n = count_parameters(table1_config(name))
     assert nominal <= n < nominal + 1_000_000
     V = 32_000
-    assert n == 2 * V * d + n_layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d   # digest §5.2
+    assert n == 2 * V * d + n_layers * (4 * d * d + 3 * d * d_ff + 2 * d) + d   # CEM Table 1 counting
     assert next(meta_model(table1_config(name)).parameters()).is_meta
 
 
 def test_table1_cem_variants_follow_the_closed_form():
     """Attention 4 D^2 -> 2 D^2 + D (shared diagonal); MLP 3 D D_m -> 2 D D_m; DPLR preconditioners
-    add K D (1 + 2 R_att) + D (1 + 2 R_mlp) per layer (digest §7.15)."""
+    add K D (1 + 2 R_att) + D (1 + 2 R_mlp) per layer (CEM eqs. 5, 11, 13)."""
     expected_millions = {"86M": (79.15, 76.74, 69.52, 70.08), "108M": (97.22, 93.60, 82.77, 83.91),
                          "134M": (119.96, 115.23, 101.08, 102.38),
-                         "162M": (144.91, 138.93, 121.02, 122.48)}      # digest §5.2 table
+                         "162M": (144.91, 138.93, 121.02, 122.48)}      # our counts, Table 1 configs
     for row in table1_report():
         d, n_layers, K, d_ff, _ = TABLE1[row["model"]]
         dattn = n_layers * (2 * d * d - d)
@@ -87,7 +87,7 @@ def test_flops_per_token():
     cfg = small(context_length=64)
     D, L, V, n, F = 32, 64, 50, 2, default_d_ff(32)
     assert flops_per_token(cfg) == n * (8 * D * D + 4 * L * D + 6 * D * F) + 2 * D * V
-    # CEM MLP: affine in T, each extra step costs 2/3 of the gated MLP's matmuls (digest C12)
+    # CEM MLP: affine in T, each extra step costs 2/3 of the gated MLP's matmuls (CEM Table 3 FLOPs)
     f = [flops_per_token(small(context_length=64, mlp="cem", T_mlp=T)) for T in (1, 2, 4)]
     assert f[0] == flops_per_token(cfg) and f[1] - f[0] == n * 4 * D * F and f[2] - f[1] == 2 * (f[1] - f[0])
     # CEM attention at T=1, no diagonal: one projection fewer than untied attention (V = K)

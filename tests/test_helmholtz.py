@@ -1,4 +1,5 @@
-"""Helmholtz free energy and attention-as-one-GD-step (seed 003, Theorems 1 and 3), float64."""
+"""Helmholtz free energy and attention as one GD step ("Transformers as intrinsic optimizers",
+ICLR 2026 submission, Theorems 1 and 3), float64."""
 
 import math
 
@@ -127,7 +128,7 @@ def test_linear_attention_is_gd_on_quadratic_energy(T):
     with torch.no_grad():
         out = layer(z, h)
     torch.testing.assert_close(out, z - 0.2 * autograd_grad(lambda x: layer.energy(x, h), z))
-    # the proof's [U4] omits the factor T in the gradient; the gradient has it
+    # the proof of Theorem 3 (App. A.3) omits the factor T in the gradient; the gradient has it
     gF = autograd_grad(lambda x: layer.energy(x, h), z)
     m = h @ layer.W.detach().T
     u4 = -((z.unsqueeze(-2) * m).sum(-1, keepdim=True) * m).sum(-2)

@@ -1,4 +1,4 @@
-"""Hyper-SET energies and layer (seed 004, eqs. 3-12) against autograd, float64."""
+"""Hyper-SET energies and layer (Hu et al. 2025, eqs. 3-12) against autograd, float64."""
 
 import math
 

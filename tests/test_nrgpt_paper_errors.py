@@ -1,4 +1,4 @@
-"""The remaining NRGPT derivation problems of the digest (``nrgpt.md`` §2.8), each checked
+"""The remaining derivation problems of NRGPT (Dehmamy et al. 2025), each checked
 numerically: eq. (4), the transpose in (32)-(35), eq. (37), discrete vs continuous time,
 drift of x in the Jacobian's null space, the App. E.2 bound, and unboundedness without a norm.
 (Eq. 12 partial gradient, FF1, eq. 24, eq. 28 and the eta = I case are in the other test files.)"""

@@ -1,7 +1,7 @@
-"""Paper errors of "Transformers as intrinsic optimizers" (digest ``intrinsic_optimizers.md``)
+"""Paper errors of "Transformers as intrinsic optimizers" (Anonymous, ICLR 2026 submission)
 that no other test file shows, each checked in float64.
 
-The full list of digest items, and which test shows each one, is in ``cemlib/PAPER_ERRORS.md``.
+The full list of items, and which test shows each one, is in ``cemlib/PAPER_ERRORS.md``.
 Here: footnote 3 (random features), the loop-transformer energy of Alg. 2 / eq. (15), the
 under-brace of eq. (7), "non-convex" vs never concave, eq. (8) has no momentum, the untied
 Att2nd, the exponent sign of Theorem 2's F~*, and Lemma 5's stationarity condition. Equation
@@ -51,7 +51,7 @@ def test_footnote3_random_features_are_approximate_and_need_W_and_T():
 def test_alg2_sum_of_free_energies_need_not_decrease_when_H_is_overwritten():
     """Alg. 2 / eq. (15): each token takes a mean-shift step (eq. 8, eta = 0.5) on its own F* with
     the attended set H_{<=i} held fixed, which never raises that F*; but H <- Z then moves every
-    landscape, and the sum over tokens rises (this seed), as the digest says it may."""
+    landscape, and the sum over tokens rises (with this RNG seed): nothing in §2.2 prevents it."""
     torch.manual_seed(7)
     N, d = 5, 3
     layer = MeanShiftAttentionStep(d, T=0.5, eta=0.5)

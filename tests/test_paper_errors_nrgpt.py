@@ -1,6 +1,6 @@
-"""NRGPT paper errors (digest ``nrgpt.md``) that no other test file shows, each checked in float64.
+"""NRGPT paper errors (Dehmamy et al. 2025) that no other test file shows, each checked in float64.
 
-The full list of digest items, and which test shows each one, is in ``cemlib/PAPER_ERRORS.md``.
+The full list of items, and which test shows each one, is in ``cemlib/PAPER_ERRORS.md``.
 Here: the literal strict-mask energy of the first token (eq. 3), the ``log(A-1)`` of eqs. (42)-(43),
 the App. E.2 norm and sign slips and the FF bound (48), the "< 0" of Prop. 2.1 (it is "<= 0"),
 absorbing ``gamma`` into ``J`` (§2.3), and App. D's sign of the FF1 energy.

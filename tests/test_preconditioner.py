@@ -52,7 +52,7 @@ def test_apply_equals_dense_matrix(kind, heads, safeguard):
 
 
 def test_rank1_spectrum_formula():
-    """eig(u v^T + v u^T) = {u.v +- |u||v|, 0, ...} (digest §7.12)."""
+    """eig(u v^T + v u^T) = {u.v +- |u||v|, 0, ...}: why CEM eq. 13 need not be positive definite."""
     u, v = torch.randn(7), torch.randn(7)
     ev = torch.linalg.eigvalsh(torch.outer(u, v) + torch.outer(v, u))
     pm = torch.stack([u @ v - u.norm() * v.norm(), u @ v + u.norm() * v.norm()])
@@ -113,7 +113,7 @@ def test_bad_shapes():
 
 
 def test_per_head_preconditioning_is_not_a_descent_direction():
-    """Digest §2.7: with P_k > 0 for every head, sum_k P_k g_k can still point uphill for
+    """CEM eq. 14: with P_k > 0 for every head, sum_k P_k g_k can still point uphill for
     eps = sum_k eps_k, because the heads' gradients g_k are preconditioned separately."""
     P = Preconditioner(3, "diag", n_heads=2)
     with torch.no_grad():                       # s_1 = softplus(1) ~ 1.31, s_2 = softplus(10) ~ 10

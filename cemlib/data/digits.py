@@ -2,7 +2,8 @@
 
 Source: scikit-learn's bundled ``load_digits`` (the UCI optical-recognition test set): 1,797
 grey-scale 8x8 images, pixel values 0..16, ten classes. It stands in for the CIFAR/ImageNet
-experiments of Hyper-SET (digest ``hyperset.md`` section 5.2), which cannot run offline.
+experiments of Hyper-SET (Hu et al. 2025, arXiv:2502.11646, §5.2, App. D.3), which cannot run
+offline.
 
 *Patches.* An image is cut into non-overlapping ``p x p`` patches (``p`` divides 8), read in
 row-major order of the patch grid; each patch is flattened row-major. With the default ``p = 2``

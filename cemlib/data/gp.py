@@ -1,8 +1,9 @@
-"""Gaussian-process regression data for the CEM recursion experiment (CEM [ICLR] Table 3; absent from [arXiv]).
+"""Gaussian-process regression data for the CEM recursion experiment (CEM Table 3).
 
-Table 3 (digest ``cem.md`` section 5.4) trains small regressors on "synthetic data sampled from
-Gaussian processes with 10 input dimensions" and reports train/test RMSE per kernel. The paper
-gives no sample size, lengthscale, noise or Matérn order, so these are our choices (all arguments):
+Table 3 of the CEM paper (Xu et al. 2026, arXiv:2605.07588v1, App. E; also Table 3 of its ICLR 2026
+submission version) trains small regressors on "synthetic data sampled from Gaussian processes with
+10 input dimensions" and reports train/test RMSE per kernel. The paper gives no sample size,
+lengthscale, noise or Matérn order, so these are our choices (all arguments):
 
 * inputs ``x ~ Uniform[-1, 1]^d`` with ``d = 10``;
 * one function ``f ~ GP(0, k)`` drawn *jointly* at the train and test inputs (so the test set

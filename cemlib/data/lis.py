@@ -1,4 +1,7 @@
-"""Longest Increasing Subsequence (LIS), the task of "Transformers as intrinsic optimizers" (seed ``003_``).
+"""Longest Increasing Subsequence (LIS), the task of "Transformers as intrinsic optimizers".
+
+Anonymous, "Transformers as Intrinsic Optimizers: Forward Inference through the Energy Principle",
+ICLR 2026 submission.
 
 The paper (App. A.9) follows Feng et al. (2024) and Yang et al. (2024a): sequence lengths
 ``L`` in {10, 20, 30, 40}, 51,200 train / 5,120 test samples per ``L``, loss on the answer tokens

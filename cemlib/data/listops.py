@@ -1,4 +1,4 @@
-"""Nested ListOps as in NRGPT (digest ``nrgpt.md`` section 5.2): MAX, MEDIAN and SUM modulo 20 over 0..19.
+"""Nested ListOps as in NRGPT (Dehmamy et al. 2025, §3.2): MAX, MEDIAN and SUM mod 20 over 0..19.
 
 An equation such as ``SUM(2,MAX(4,13,1),MEDIAN(5,3,16))=7`` is a tree: the root is a function;
 each of its 2..3 arguments (``min_args``..``max_args``) is a nested function with probability

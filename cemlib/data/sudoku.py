@@ -10,10 +10,11 @@ is branched on (a cell with one candidate is a forced move). :func:`count_soluti
 *Generator.* :func:`generate_puzzle` fills an empty board by randomised backtracking, then visits
 the 81 cells in a random order and removes each given whose removal keeps the solution unique. The
 result is a *minimal* puzzle: no given can be removed without losing uniqueness. Random minimal
-puzzles have about 20-28 givens (the "hard" set of Palm et al. 2018 used by Hyper-SET, digest
-``hyperset.md`` section 5.1, has 17-34). :func:`generate_puzzles` with ``hard=True`` keeps only
-the minimal puzzles that naked and hidden singles cannot solve (:func:`solved_by_singles`), about
-58 % of them: every kept puzzle needs search or a technique beyond singles.
+puzzles have about 20-28 givens (the "hard" set of Palm et al. 2018 used by Hyper-SET, Hu et al.
+2025, arXiv:2502.11646, §5.1, App. D.2, has 17-34). :func:`generate_puzzles` with ``hard=True``
+keeps only the minimal puzzles that naked and hidden singles cannot solve
+(:func:`solved_by_singles`), about 58 % of them: every kept puzzle needs search or a technique
+beyond singles.
 
 *Shipped set.* :func:`load_sudoku` reads ``files/sudoku_hard.npz`` (made by
 ``cemlib/data/make_sudoku.py``, never run by the tests), checks its SHA-256 and returns

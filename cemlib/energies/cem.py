@@ -1,7 +1,8 @@
 """CEM energies as plain functions: interaction energy, element-wise energy, Appendix-C variants.
 
 Equation numbers: "[arXiv] eq. N = [ICLR] eq. M" where the two versions of the CEM paper differ
-(digest ``../shared/papers/cem.md``). Shapes: state ``x`` (B, L, D_h); context ``h`` (B, L, D_h);
+([arXiv]: Xu et al. 2026, arXiv:2605.07588v1; [ICLR]: its ICLR 2026 submission version, "Recasting
+Transformer Layers as Energy Models"). Shapes: state ``x`` (B, L, D_h); context ``h`` (B, L, D_h);
 per-head projections ``W_Q, W_K`` (K, D_r, D_h); a token's energy is conditioned on ``h_{1:i}``.
 
 Interaction energy ([arXiv] eq. 2 = [ICLR] eq. 1, with eq. 12 and Appendix B):
@@ -24,7 +25,8 @@ convex phi (:func:`elementwise_hessian` shows it); and the Hopfield energies of 
 RoPE (Appendix B, ``A_k = W_Q^kT R(i)^T R(j) W_K^k``; ``rope=True``): the paper rejects it because
 the "value projection becomes query-dependent"; the gradient
 ``-W_Q^kT R(i)^T sum_j alpha_kij R(j) k_j^k`` shows that the aggregated values are the rotated keys,
-which do not depend on i (digest §2.4, tested in ``tests/test_cem_energies.py``).
+which do not depend on i (our reading of Appendix B, where the paper rejects RoPE because "the value
+projection effectively becomes query-dependent"; tested in ``tests/test_cem_energies.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Helmholtz free energies of attention ("Transformers as intrinsic optimizers", seed ``003``).
+"""Helmholtz free energies of attention ("Transformers as intrinsic optimizers", ICLR 2026 sub.).
 
-Notation of the paper (digest ``../shared/papers/intrinsic_optimizers.md``), in cemlib's row layout:
+Notation of the paper (Anonymous, "Transformers as Intrinsic Optimizers: Forward Inference through
+the Energy Principle", ICLR 2026 submission; §2 and App. A), in cemlib's row layout:
 the token being updated is ``z`` with shape ``(..., d)``; the attended tokens ("particles") are
 ``h`` with shape ``(..., N, d)``; ``m_i = W h_i`` are the transformed particles; ``T > 0`` is the
 temperature. An optional boolean ``mask`` of shape ``(..., N)`` (broadcastable) selects the
@@ -9,9 +10,9 @@ attended particles (``True`` = attended), which gives the causal sets ``H_{<=i}`
 - eq. (2):  ``F = sum_i p_i E_i + T sum_i p_i log p_i``           (:func:`helmholtz`)
 - eq. (3):  ``F* = -T log sum_i exp(-E_i / T)`` at ``p = Boltzmann`` (:func:`free_energy`)
 - eq. (4):  elastic energy ``E_i = 1/2 ||z - W h_i||^2``         (:func:`elastic_free_energy`)
-- [U1]:     inner-product energy ``E_i = -z^T W h_i`` (F~*)      (:func:`inner_free_energy`)
+- Thm. 1:   inner-product energy ``E_i = -z^T W h_i`` (F~*)      (:func:`inner_free_energy`)
 - eq. (14): quadratic global energy ``-T/2 sum_i E_i^2``          (:func:`quadratic_energy`)
-- [U9]:     multi-head average ``(1/H) sum_h F_h*`` of eq. (26)   (:func:`multihead_free_energy`)
+- §4:       multi-head average ``(1/H) sum_h F_h*`` of eq. (26)   (:func:`multihead_free_energy`)
 
 Each energy has its closed-form gradient and Hessian here (no autograd), which the layers in
 :mod:`cemlib.layers.helmholtz` and :mod:`cemlib.layers.newton` use and the tests check against
@@ -111,7 +112,7 @@ def elastic_energies(z: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 
 def inner_product_energies(z: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """[U1] / Theorem 3: ``E_i = -z^T m_i``; shape ``(..., N)``."""
+    """Theorems 1 and 3: ``E_i = -z^T m_i``; shape ``(..., N)``."""
     return -(z.unsqueeze(-2) * m).sum(-1)
 
 
@@ -152,13 +153,15 @@ def elastic_free_energy_hessian(z, h, W, T, mask=None) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- inner-product F~*
 def inner_free_energy(z, h, W, T, mask=None) -> torch.Tensor:
-    """[U1]: ``F~*(z) = -T log sum_i exp(z^T W h_i / T)`` (equals ``F* - rho^2`` on the sphere)."""
+    """Proof of Theorem 1: ``F~*(z) = -T log sum_i exp(z^T W h_i / T)``.
+
+    On the sphere ``||z|| = ||W h_i|| = rho`` it equals ``F* - rho^2``."""
     mask = check_particles(z, h, mask, W)
     return free_energy(inner_product_energies(z, h @ W.T), T, mask)
 
 
 def inner_free_energy_grad(z, h, W, T, mask=None) -> torch.Tensor:
-    """``grad F~* = -sum_i p~_i W h_i`` (the paper's [U2] has a spurious factor ``T``)."""
+    """``grad F~* = -sum_i p~_i W h_i`` (the proof of Theorem 1 has a spurious factor ``T``)."""
     mask = check_particles(z, h, mask, W)
     m = h @ W.T
     p = boltzmann(inner_product_energies(z, m), T, mask)
@@ -189,7 +192,7 @@ def quadratic_energy(z, h, W, T, mask=None) -> torch.Tensor:
 
 
 def quadratic_energy_grad(z, h, W, T, mask=None) -> torch.Tensor:
-    """Theorem 3 (corrected [U4]): ``grad F* = -T sum_i (z^T W h_i) W h_i``."""
+    """Theorem 3 (its proof, App. A.3, corrected): ``grad F* = -T sum_i (z^T W h_i) W h_i``."""
     mask = check_particles(z, h, mask, W)
     check_temperature(T)
     m = h @ W.T
@@ -248,7 +251,7 @@ def multihead_head_free_energies(z, h, W1, W2, T, mask=None) -> torch.Tensor:
 
 
 def multihead_free_energy(z, h, W1, W2, T, mask=None) -> torch.Tensor:
-    """[U9] / Theorem 2: the average ``F* = (1/H) sum_h F_h*`` over the head subspaces."""
+    """§4 / Theorem 2: the average ``F* = (1/H) sum_h F_h*`` over the head subspaces."""
     return multihead_head_free_energies(z, h, W1, W2, T, mask).mean(-1)
 
 

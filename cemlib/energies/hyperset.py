@@ -1,4 +1,4 @@
-"""Hyper-SET energies on the hypersphere (seed ``004``; digest ``../shared/papers/hyperset.md``).
+"""Hyper-SET energies on the hypersphere (Hu et al. 2025, arXiv:2502.11646, §4, App. B-C).
 
 Row layout: tokens ``X (..., N, d)``; subspace bases ``W = [W_1 .. W_H]`` stored as one ``(d, H p)``
 matrix; projections ``Z_h = X W_h`` (..., N, p); feed-forward directions ``D (d, M)``.

@@ -9,7 +9,7 @@ Attention energy, eq. (11) (eq. (3) without the head weights ``alpha_h``)::
     E^AT_A = -(1/beta) sum_h alpha_h log sum_{B<A} exp(beta g_B^T J_h g_A)
 
 ``J`` has shape ``(H, D, D)`` (a full ``D x D`` matrix per head, as in the paper's App. D and code).
-Which gradient a token's update uses (see ``../shared/papers/nrgpt.md`` §2.4): token ``A`` follows
+Which gradient a token's update uses (Dehmamy et al. 2025, NRGPT, §2.1): token ``A`` follows
 the *query-slot* gradient of its own energy, eq. (12), ``-sum_h alpha_h J_h^T sum_B SM_BA g_B``,
 computed by :func:`attention_query_grad`. This is the gradient of
 ``sum_A E_A(query g_A | keys held fixed)``, i.e. :func:`attention_energy` with ``context`` given.

@@ -142,5 +142,6 @@ def dplr_precondition(g: torch.Tensor, d: torch.Tensor, U: torch.Tensor,
                       V: torch.Tensor) -> torch.Tensor:
     """Apply the diagonal-plus-low-rank preconditioner of CEM eq. 13 to rows ``g`` (..., D_h):
     ``P g = softplus(d) * g + U (V^T g) + V (U^T g)`` with ``d`` (D_h,), ``U, V`` (D_h, R).
-    ``P`` is symmetric but not positive definite in general (see the CEM digest, section 2.7)."""
+    ``P`` is symmetric but not positive definite in general: the ICLR 2026 submission version of CEM
+    claims that softplus guarantees ``P > 0`` (eq. 13), and the arXiv version drops that claim."""
     return F.softplus(d) * g + (g @ V) @ U.T + (g @ U) @ V.T

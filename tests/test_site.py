@@ -1,0 +1,150 @@
+"""Checks of the website as a reader sees it.
+
+- **Colab.** ``_config.yml`` holds the repository URL and the pinned ref (``repository: url``,
+  ``branch``) in one place. Every chapter's Colab badge and install cell must agree with it
+  (``book/sync_colab.py`` writes both; run it after changing ``_config.yml``), and so must the
+  launch button of the built site.
+- **Chapters open with prose.** Convention: a chapter's first cell is markdown with its title
+  (``# ...``) and Colab badge; every code cell before the first paragraph of prose is tagged
+  ``remove-cell`` (only the Colab install cell is there), so on the site the title is followed
+  directly by prose, never by code or a "show code" toggle.
+- **The built site** (``_build/html``, when it exists) contains no reference to material outside
+  the repository (the patterns of ``test_no_external_refs.py``). Skipped when the book has not been
+  built.
+"""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from test_no_external_refs import offending_lines
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "book" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rerun = _load("rerun")
+sync_colab = _load("sync_colab")
+CHAPTERS = rerun.chapters_from_toc(ROOT)
+SETTINGS = sync_colab.settings(ROOT)
+
+
+def _tags(cell):
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+_NOT_PROSE = [
+    re.compile(r"^#\s.*$", re.M),                                  # the title
+    sync_colab.BADGE_RE,                                            # the Colab badge
+    re.compile(r"\$\s*(?:\\(?:re)?newcommand\{[^}]*\}(?:\[\d\])?\{(?:[^{}]|\{[^{}]*\})*\}\s*)+\$"),  # macros
+    re.compile(r"^\(.*\)=\s*$", re.M),                              # MyST targets
+]
+
+
+def _prose(markdown: str) -> str:
+    for pat in _NOT_PROSE:
+        markdown = pat.sub("", markdown)
+    return markdown.strip()
+
+
+def opening_problems(nb) -> list[str]:
+    """Why the chapter does not open with its title followed by prose (empty when it does)."""
+    visible = [c for c in nb.cells if "remove-cell" not in _tags(c)]
+    if not visible or visible[0].cell_type != "markdown" or not visible[0].source.startswith("# "):
+        return ["the first cell on the site is not the markdown title cell"]
+    for c in visible:
+        if c.cell_type != "markdown":
+            return [f"a code cell comes before any prose on the site:\n{c.source[:200]}"]
+        if _prose(c.source):
+            return []
+    return ["no prose at all"]
+
+
+def test_config_holds_a_github_url_and_a_ref():
+    assert SETTINGS["url"].startswith("https://github.com/")
+    assert SETTINGS["ref"] and SETTINGS["ref"] not in {"master"}
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_colab_badge_and_install_cell_agree_with_config(path):
+    nb = nbformat.read(path, as_version=4)
+    assert sync_colab.problems(nb, path, SETTINGS, ROOT) == [], (
+        f"run `python book/sync_colab.py {path.relative_to(ROOT)}`")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_opens_with_prose(path):
+    assert opening_problems(nbformat.read(path, as_version=4)) == []
+
+
+def test_sync_colab_writes_badge_and_install_cell_and_touches_nothing_else(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# A chapter\n\nSome prose."),
+                nbformat.v4.new_code_cell("print(1)", execution_count=1)]
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    path = tmp_path / "book" / "chX.ipynb"
+    assert sync_colab.problems(nb, path, SETTINGS, tmp_path)
+    assert sync_colab.sync(nb, path, SETTINGS, tmp_path)
+    assert sync_colab.problems(nb, path, SETTINGS, tmp_path) == []
+    assert opening_problems(nb) == []
+    assert f"{SETTINGS['url']}@{SETTINGS['ref']}" in nb.cells[1].source
+    assert nb.cells[0].source.startswith("# A chapter\n\n[![Open In Colab]")
+    assert sync_colab.colab_url(path, SETTINGS, tmp_path).endswith(f"/blob/{SETTINGS['ref']}/book/chX.ipynb")
+    assert nb.cells[2].source == "print(1)" and nb.cells[2].outputs[0]["text"] == "1\n"
+    assert not sync_colab.sync(nb, path, SETTINGS, tmp_path)   # idempotent
+    # an old install cell (hide-cell, unpinned) is rewritten in place, its outputs kept
+    nb.cells[1].source = 'import sys\nif "google.colab" in sys.modules:\n    %pip install -q "git+https://x/y"'
+    nb.cells[1].metadata["tags"] = ["hide-cell"]
+    nb.cells[1].outputs = []
+    assert sync_colab.sync(nb, path, SETTINGS, tmp_path)
+    assert sync_colab.problems(nb, path, SETTINGS, tmp_path) == [] and len(nb.cells) == 3
+
+
+def test_opening_rule_rejects_code_before_prose():
+    nb = nbformat.v4.new_notebook()
+    badge = sync_colab.badge(ROOT / "book" / "chX.ipynb", SETTINGS, ROOT)
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# Title\n\n{badge}"), nbformat.v4.new_code_cell("import sys")]
+    assert opening_problems(nb)
+    nb.cells[1].metadata["tags"] = ["hide-cell"]
+    assert opening_problems(nb)                      # a "show code" toggle still comes first
+    nb.cells[1].metadata["tags"] = ["remove-cell"]
+    nb.cells.append(nbformat.v4.new_markdown_cell("$\\newcommand{\\vx}{\\mathbf{x}}$\nProse."))
+    assert opening_problems(nb) == []
+
+
+def _built_pages():
+    if not (HTML / "index.html").exists():
+        pytest.skip("no built site (run jupyter-book build .)")
+    return sorted(p for p in HTML.rglob("*") if p.is_file() and p.suffix in {".html", ".txt", ".ipynb", ".md", ".js"}
+                  and "_static" not in p.parts)
+
+
+def test_built_site_has_no_reference_outside_the_repository():
+    problems = []
+    for page in _built_pages():
+        text = page.read_text(encoding="utf-8", errors="replace")
+        text = re.sub(r"[?&]digest=[0-9a-f]+", "", text)   # the theme's cache-busting asset hashes
+        problems += [f"{page.relative_to(HTML)}:{n}: {kind}: {line}" for n, kind, line in offending_lines(text)]
+    assert not problems, "\n".join(problems[:50])
+
+
+def test_built_launch_buttons_point_at_the_pinned_notebooks():
+    _built_pages()
+    for path in CHAPTERS:
+        page = HTML / path.relative_to(ROOT).with_suffix(".html")
+        if not page.exists():
+            continue
+        html = page.read_text(encoding="utf-8")
+        links = set(re.findall(r'href="(https://colab\.research\.google\.com/github/[^"]+)"', html))
+        assert links, f"{page.name}: no Colab link"
+        assert links == {sync_colab.colab_url(path, SETTINGS, ROOT)}, (page.name, links)
