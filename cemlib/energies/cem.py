@@ -34,8 +34,7 @@ from __future__ import annotations
 import torch
 
 from cemlib.energies.phi import get_phi
-from cemlib.kernels.reference import attention_bias
-from cemlib.positional import apply_rope, rope_angles
+from cemlib.positional import apply_rope, attention_bias, rope_angles
 
 __all__ = ["interaction_logits", "interaction_energy", "interaction_energy_grad",
            "elementwise_energy", "elementwise_energy_grad", "sign_variant_energy",

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from cemlib.layers.norm import rms_norm, rms_norm_vjp
+from cemlib.normalization import rms_norm, rms_norm_vjp
 from cemlib.utils import check_positive_int, check_tensor
 
 __all__ = [

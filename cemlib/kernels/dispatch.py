@@ -29,6 +29,7 @@ import os
 import torch
 
 from cemlib.kernels import reference
+from cemlib.kernels.paths import MAX_TILE_EXTRA, extra_path
 
 __all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_backend",
            "triton_available", "extra_path", "attention_fused", "tied_attention",
@@ -38,7 +39,6 @@ BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "CEMLIB_KERNELS"
 _backend: str | None = None
 _AUTO_DTYPES = (torch.float16, torch.bfloat16)  # what "auto" sends to the kernels
-MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
 
 
 def _check_backend(name, source):
@@ -91,27 +91,6 @@ def _use_triton(x: torch.Tensor, supported: bool) -> bool:
         raise RuntimeError(f"kernel backend 'triton' was forced for tensors on {x.device}; "
                            "on CPU set TRITON_INTERPRET=1 before triton is first imported")
     return True
-
-
-def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str | None:
-    """How the Triton attention handles the extra query/key pair (CEM eq. 12's diagonal term):
-
-    - ``None``: no extra pair;
-    - ``"tile"``: in the kernels' register tiles, next to each head's queries and keys (an
-      extra width up to :data:`MAX_TILE_EXTRA` runs efficiently; wider is correct but spills);
-    - ``"logits"``: a head-shared pair (``q_extra`` of shape (B, L, D_e)) wider than that. Its
-      logits ``scale q_extra k_extra^T`` are the same for every head, so they are one batched
-      GEMM (B, L, L) that the kernels add tile by tile, and the head-summed extra values
-      ``(sum_k P_k) k_extra`` another: O(B L^2) memory instead of the reference's O(B K L^2),
-      and no per-head work at the extra width. It cannot return per-head extra values, so it
-      is used without ``extra_values`` or with ``extra_head_sum``.
-    """
-    if q_extra is None:
-        return None
-    wide = q_extra.shape[-1] > MAX_TILE_EXTRA
-    if wide and q_extra.dim() == 3 and (not extra_values or extra_head_sum):
-        return "logits"
-    return "tile"
 
 
 def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -> bool:

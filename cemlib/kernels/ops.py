@@ -58,7 +58,7 @@ def _attention_fwd(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
 
 def _keeps_head_extras(q_extra, extra_values, extra_head_sum):
     """Whether the forward also returns the per-head extra values (for the backward)."""
-    from cemlib.kernels.dispatch import extra_path
+    from cemlib.kernels.paths import extra_path
     return extra_head_sum and extra_path(q_extra, extra_values, extra_head_sum) == "tile"
 
 

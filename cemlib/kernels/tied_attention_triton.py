@@ -16,7 +16,7 @@ and ``d kv`` is the sum of its value role ``P^T do`` and its key role ``scale * 
 accumulated in one register tile (one program per key block). ``dq`` comes from a second kernel
 (one program per query block), which also reduces the row sums needed for the bias gradients.
 
-The extra pair takes one of two paths (:func:`cemlib.kernels.dispatch.extra_path`):
+The extra pair takes one of two paths (:func:`cemlib.kernels.paths.extra_path`):
 
 - ``"tile"``: ``qe``/``ke`` sit in register tiles next to ``q``/``kv`` (one tile of width
   ``D_e``, padded to a power of two), as above; efficient for ``D_e <= 128``.
@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cemlib.kernels.dispatch import extra_path
+from cemlib.kernels.paths import extra_path
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -513,7 +513,7 @@ def attention_forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_ext
     unless ``extra_values``, and summed over heads if ``extra_head_sum``; ``o_extra_heads`` is
     the per-head ``o_extra`` that the backward needs on the in-tile path with
     ``extra_head_sum`` (empty otherwise). Inputs are assumed validated (see
-    :mod:`cemlib.kernels.ops`); the path is :func:`cemlib.kernels.dispatch.extra_path`."""
+    :mod:`cemlib.kernels.ops`); the path is :func:`cemlib.kernels.paths.extra_path`."""
     if extra_path(q_extra, extra_values, extra_head_sum) == "logits":
         run = _Launch(q, kv, scale, alibi, self_bias, cross_bias, None, None,
                       _shared_logits(q_extra, k_extra, scale))

@@ -1,4 +1,4 @@
-"""The protocol every energy layer in cemlib follows (PLAN.md section 3).
+"""The protocol every energy layer in cemlib follows (see the library page of the book).
 
 An :class:`EnergyLayer` exposes three things:
 
@@ -16,10 +16,35 @@ step document and test the difference.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
-__all__ = ["EnergyLayer"]
+__all__ = ["EnergyLayer", "check_step_size", "check_norm_eps"]
+
+
+def _nonneg_finite(value, what: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{what}, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{what}, got {value!r}")
+    return v
+
+
+def check_step_size(value, name: str = "eta") -> float:
+    """A step size given as an argument: a finite number >= 0 (0 = no step). NaN, Inf and negative
+    values (a step *up* the energy) raise ``ValueError`` naming ``name``. Returns ``value`` as float."""
+    return _nonneg_finite(value, f"{name} must be a finite step size >= 0")
+
+
+def check_norm_eps(value, name: str = "norm_eps") -> float:
+    """A normalisation epsilon: a finite number >= 0; else ``ValueError`` naming ``name``."""
+    return _nonneg_finite(value, f"{name} must be a finite number >= 0")
 
 
 class EnergyLayer(nn.Module):

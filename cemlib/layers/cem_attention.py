@@ -11,7 +11,7 @@ with ``o_k = sum_j alpha_kij k_j^k`` and the diagonal value path ``o^hn_k = sum_
 
 Exactness. With ``query_norm=False``, ``P = I`` per head and ``diag_grad="exact"`` the update is
 exactly ``x - eta grad_x eps(x | hn)``; with per-head ``P_k`` it is ``x - eta sum_k P_k grad eps_k``
-(eq. 14; not a preconditioned gradient of eps, digest §2.7). With ``query_norm=True`` (Algorithm
+(eq. 14; not a preconditioned gradient of eps, each head's gradient gets its own P_k). With ``query_norm=True`` (Algorithm
 1, the default) the update uses ``grad_u eps`` at ``u = RMSNorm(x)`` and drops the norm's Jacobian:
 the true gradient of ``eps(RMSNorm(x))`` is ``J^T grad_u eps``, ``J^T v = g*v/r - x (x.(g*v))/(D r^3)``;
 the difference is measured in ``tests/test_cem_attention.py``. ``diag_grad="paper"`` reproduces
@@ -23,7 +23,7 @@ Choices (the papers are silent or disagree; see ``cemlib/README_cem.md``):
   Llama baseline's); ``"model"`` is ``sqrt(D_h)`` ([ICLR] eq. 5 and Algorithm 1); or a number.
 - one RMSNorm module (learnable gain) serves the context ``hn`` and the query ``u``: at t = 0,
   ``u = hn_i``, so T = 1 is exactly pre-norm tied attention ``x + MHA(RMSNorm(x))``; the residual
-  stream itself is never renormalised (the digest's "likely intended semantics").
+  stream itself is never renormalised (our reading of Algorithm 1 of the ICLR 2026 submission version).
 - ``diag="shared"`` (the paper's proposal) initialised to zero; ``diag_grad="exact"`` by default.
 - ALiBi ``-m_k|i-j|`` with ``m_k = 2^{-8k/K}`` for every K (the ALiBi paper's geometric rule, see
   :func:`cemlib.kernels.reference.alibi_slopes`; [arXiv] sign, the [ICLR] ``+`` sign favours distant
@@ -42,7 +42,7 @@ from torch import nn
 from cemlib.energies.cem import interaction_energy
 from cemlib.kernels import dispatch
 from cemlib.kernels.reference import alibi_slopes, refresh_alibi_buffer
-from cemlib.layers.base import EnergyLayer
+from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
 from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
@@ -82,6 +82,8 @@ class CEMAttention(EnergyLayer):
         super().__init__()
         head_dim = resolve_head_dim(d_model, n_heads, head_dim)
         self.T = check_positive_int(T, "T")
+        check_step_size(eta, "eta")
+        check_norm_eps(norm_eps, "norm_eps")
         if diag not in DIAG_MODES:
             raise ValueError(f"diag must be one of {DIAG_MODES}, got {diag!r}")
         if diag_grad not in DIAG_GRADS:

@@ -8,7 +8,7 @@ and held fixed over the recursion; update (eqs. 9, 15, 17):
 
 which at T = 1, P = I, eta = 1 is a gated MLP with the tying of eq. 11: ``W_up = V`` (inside the
 nonlinearity; Llama's ``gate_proj``), ``W_down = V^T``, ``W_gate = W`` (linear branch; Llama's
-``up_proj``) -- eq. 6 names the branches the other way round from Llama (digest §2.5).
+``up_proj``) -- eq. 6 names the branches the other way round from Llama (CEM eq. 6).
 
 With ``query_norm=False`` the update is exactly ``x - eta P grad_x xi``; with the norm it drops the
 RMSNorm Jacobian (as in attention; measured in ``tests/test_cem_mlp.py``). ``variant="sign"`` is the
@@ -26,7 +26,7 @@ from torch import nn
 from cemlib.energies.cem import elementwise_energy, sign_variant_energy
 from cemlib.energies.phi import get_phi
 from cemlib.kernels import dispatch
-from cemlib.layers.base import EnergyLayer
+from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
 from cemlib.utils import check_positive_int, check_tensor
@@ -52,6 +52,8 @@ class CEMMLP(EnergyLayer):
         check_positive_int(d_model, "d_model")
         check_positive_int(d_v, "d_v")
         self.T = check_positive_int(T, "T")
+        check_step_size(eta, "eta")
+        check_norm_eps(norm_eps, "norm_eps")
         get_phi(phi)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")

@@ -1,4 +1,4 @@
-"""Standard GPT blocks, the baselines of NRGPT (``../shared/papers/nrgpt.md`` §2.2, §3).
+"""Standard GPT blocks, the baselines of NRGPT (Dehmamy et al. 2025, NRGPT, §2, §3).
 
 - :class:`GPTBlock`: the sequential pre-LN block ``x' = x + AT(LN1 x)``, ``x'' = x' + FF(LN2 x')``.
   (NRGPT eq. (4) as printed, ``x + FF(LN(x + AT(LN x)))``, drops the attention output from the

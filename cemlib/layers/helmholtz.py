@@ -1,10 +1,10 @@
-"""Attention as one gradient step on a free energy (intrinsic-optimizers paper, seed ``003``).
+"""Attention as one gradient step on a free energy ("Transformers as Intrinsic Optimizers", ICLR 2026 submission).
 
 Three single-head steps, each with its energy from :mod:`cemlib.energies.helmholtz`:
 
 - :class:`SoftmaxAttentionStep`: standard attention, eq. (1),
   ``z + W_V H softmax(H^T W_K^T W_Q z / T)``.
-  With ``W = W_Q^T W_K`` it is exactly ``z - eta grad F~*(z)`` (inner-product free energy, [U1])
+  With ``W = W_Q^T W_K`` it is exactly ``z - eta grad F~*(z)`` (inner-product free energy, proof of Theorem 1)
   when ``W_V = eta W`` (``tying="corrected"``). Theorem 1 prints ``W_V = eta T W``
   (``tying="paper"``); that step is ``z - eta T grad F~*``, off by the factor ``T`` (the tests show
   it). Theorem 1 also names the elastic ``F*`` of eq. (4); its gradient is ``z - h_bar``, which
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from cemlib.energies import helmholtz as fe
-from cemlib.layers.base import EnergyLayer
+from cemlib.layers.base import EnergyLayer, check_step_size
 from cemlib.utils import check_positive_int
 
 __all__ = ["SoftmaxAttentionStep", "MeanShiftAttentionStep", "LinearAttentionStep",
@@ -51,8 +51,7 @@ class _SingleHeadStep(EnergyLayer):
         super().__init__()
         check_positive_int(d, "d")
         fe.check_temperature(T)
-        if not (isinstance(eta, (int, float)) and math.isfinite(eta)):
-            raise ValueError(f"eta must be a finite number, got {eta!r}")
+        check_step_size(eta, "eta")  # finite and >= 0: a negative step climbs the energy
         self.d, self.T, self.eta = d, float(T), float(eta)
         self.W_Q = nn.Parameter(torch.randn(d, d) / math.sqrt(d))
         self.W_K = nn.Parameter(torch.randn(d, d) / math.sqrt(d))
@@ -64,6 +63,13 @@ class _SingleHeadStep(EnergyLayer):
 
     def extra_repr(self) -> str:
         return f"d={self.d}, T={self.T}, eta={self.eta}"
+
+    def _check_width(self, z, h) -> None:
+        """A clear error for tokens of the wrong width (before any matrix product fails)."""
+        for name, t in (("z", z), ("h", h)):
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] != self.d:
+                raise ValueError(f"width mismatch: {type(self).__name__} has d={self.d}, but {name} "
+                                 f"has shape {tuple(t.shape)} (last dimension must be {self.d})")
 
 
 class SoftmaxAttentionStep(_SingleHeadStep):
@@ -80,7 +86,7 @@ class SoftmaxAttentionStep(_SingleHeadStep):
         return value_matrix(self.W, self.eta, self.T, self.tying)
 
     def energy(self, z, h=None, mask=None):
-        """``F~*(z) = -T log sum_i exp(z^T W h_i / T)`` per token ([U1])."""
+        """``F~*(z) = -T log sum_i exp(z^T W h_i / T)`` per token (proof of Theorem 1)."""
         return fe.inner_free_energy(z, h, self.W, self.T, mask)
 
     def energy_grad(self, z, h=None, mask=None):
@@ -92,6 +98,7 @@ class SoftmaxAttentionStep(_SingleHeadStep):
 
     def forward(self, z, h, mask=None):
         """Eq. (1): ``z + sum_i softmax_i(q^T k_i / T) W_V h_i``, ``q = W_Q z``, ``k = W_K h``."""
+        self._check_width(z, h)
         mask = fe.check_particles(z, h, mask)
         s = (z @ self.W_Q.T).unsqueeze(-2).mul(h @ self.W_K.T).sum(-1) / self.T
         if mask is not None:
@@ -110,6 +117,7 @@ class MeanShiftAttentionStep(_SingleHeadStep):
         return fe.elastic_free_energy_grad(z, h, self.W, self.T, mask)
 
     def forward(self, z, h, mask=None):
+        self._check_width(z, h)
         mask = fe.check_particles(z, h, mask)
         m = h @ self.W.T
         p = fe.boltzmann(fe.elastic_energies(z, m), self.T, mask)
@@ -135,6 +143,7 @@ class LinearAttentionStep(_SingleHeadStep):
 
     def forward(self, z, h, mask=None):
         """Eq. (13): ``z + sum_i (z^T W_Q^T W_K h_i) W_V h_i`` (no softmax)."""
+        self._check_width(z, h)
         mask = fe.check_particles(z, h, mask)
         s = (z @ self.W_Q.T).unsqueeze(-2).mul(h @ self.W_K.T).sum(-1)
         if mask is not None:

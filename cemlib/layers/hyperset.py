@@ -1,4 +1,4 @@
-"""The Hyper-SET layer (seed ``004``, §3-4, eqs. 7-12): alternating steps on E_ATTN and E_FF.
+"""The Hyper-SET layer (Hu et al. 2025, arXiv:2502.11646, §3-4, eqs. 7-12): alternating steps on E_ATTN and E_FF.
 
 - :class:`SubspaceAttention` / :class:`BiSoftmaxAttention`: the tied symmetric attention of
   eq. (9), ``X <- X - alpha * sum_h W_h Z_h (softmax_row(G_h) + softmax_col(G_h))`` in the paper's
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from cemlib.energies import hyperset as hs
-from cemlib.layers.base import EnergyLayer
+from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
 from cemlib.layers.norm import rms_norm
 from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
 
@@ -62,6 +62,7 @@ class SubspaceAttention(EnergyLayer):
                  beta: float | None = None, eps: float = 1e-6):
         super().__init__()
         head_dim = resolve_head_dim(d, n_heads, head_dim, name="d")
+        check_norm_eps(eps, "eps")
         self.d, self.n_heads, self.head_dim = d, n_heads, head_dim
         self.normalize, self.beta, self.eps = normalize, beta, eps
         self.W = nn.Parameter(torch.randn(d, n_heads * head_dim) / math.sqrt(d))
@@ -120,6 +121,7 @@ class TiedFeedForward(EnergyLayer):
         check_positive_int(d, "d")
         ff_dim = d if ff_dim is None else ff_dim
         check_positive_int(ff_dim, "ff_dim")
+        check_norm_eps(eps, "eps")
         self.d, self.ff_dim, self.normalize, self.eps = d, ff_dim, normalize, eps
         self.D = nn.Parameter(torch.randn(d, ff_dim) / math.sqrt(d))
 
@@ -220,8 +222,7 @@ class HyperSETLayer(nn.Module):
         if step_size is None:
             self.step_net = StepSizeNet(self.d, freq_dim)
         else:
-            if not math.isfinite(step_size):
-                raise ValueError(f"step_size must be finite, got {step_size!r}")
+            check_step_size(step_size, "step_size")  # finite and >= 0 (alpha = gamma = step_size)
             self.step_net = None
         self.step_size = step_size
         self.lora = lora

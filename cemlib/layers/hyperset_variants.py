@@ -1,4 +1,4 @@
-"""Hyper-SET alternatives (seed ``004``, §5.5, Appendix G, Tables 4, 5, 19, 20).
+"""Hyper-SET alternatives (Hu et al. 2025, arXiv:2502.11646, §5.5, Appendix G, Tables 4, 5, 19, 20).
 
 Each variant is the same tied, normalised step as :mod:`cemlib.layers.hyperset`, on another energy
 from :mod:`cemlib.energies.hyperset`:

@@ -1,11 +1,11 @@
-"""Newton attention: second-order steps on the elastic free energy (seed ``003``, §3-4, A.5-A.8).
+"""Newton attention: second-order steps on the elastic free energy ("Transformers as Intrinsic Optimizers", ICLR 2026 submission, §3-4, App. A.5-A.8).
 
 Single head, ``F*`` of eq. (4) with ``W = W_Q^T W_K``, ``g = grad F* = z - h_bar`` and
 ``Hess F* = I - (1/T) C``, ``C = sum_i p_i d_i d_i^T`` (eq. 9):
 
 - :class:`Att2nd`, eq. (10): ``z - eta (I - C/T)^{-1} g`` (exact Newton; a descent step only while
   ``lambda_max(C) < T``, i.e. while the Hessian is positive definite).
-- :class:`Att2nd1st`, [U8]: the first-order Neumann truncation ``z - eta (I + C/T) g``, computed in
+- :class:`Att2nd1st`, §3 (unnumbered): the first-order Neumann truncation ``z - eta (I + C/T) g``, computed in
   ``O(N d)`` through the scalars ``d_i^T g``. ``I + C/T`` is positive definite, so it is always a
   descent direction; its truncation error against Newton is ``(C/T)^2 (I - C/T)^{-1} g``.
 
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from cemlib.energies import helmholtz as fe
-from cemlib.layers.base import EnergyLayer
+from cemlib.layers.base import EnergyLayer, check_step_size
 from cemlib.layers.helmholtz import _SingleHeadStep
 from cemlib.utils import resolve_head_dim
 
@@ -59,6 +59,7 @@ class Att2nd(_SingleHeadStep):
         return fe.elastic_free_energy_hessian(z, h, self.W, self.T, mask)
 
     def _stats(self, z, h, mask):
+        self._check_width(z, h)
         mask = fe.check_particles(z, h, mask)
         m = h @ self.W.T
         p = fe.boltzmann(fe.elastic_energies(z, m), self.T, mask)
@@ -77,7 +78,7 @@ class Att2nd(_SingleHeadStep):
 
 
 class Att2nd1st(Att2nd):
-    """[U8]: ``(1 - eta) z + eta h_bar - (eta/T) sum_i p_i d_i d_i^T (z - h_bar)`` in ``O(N d)``."""
+    """§3, Att2nd1st: ``(1 - eta) z + eta h_bar - (eta/T) sum_i p_i d_i d_i^T (z - h_bar)`` in ``O(N d)``."""
 
     def direction(self, z, h, mask=None):
         """``(I + C/T) g`` via the scalars ``d_i^T g`` (no ``d x d`` matrix is formed)."""
@@ -111,7 +112,7 @@ class _MultiHeadFreeEnergy(EnergyLayer):
         return self.log_T.exp()
 
     def energy(self, z, h=None, mask=None):
-        """``F* = (1/H) sum_h F_h*`` per token ([U9], Theorem 2)."""
+        """``F* = (1/H) sum_h F_h*`` per token (§4, Theorem 2)."""
         return fe.multihead_free_energy(z, h, self.W_Q, self.W_K, self.T, mask)
 
     def energy_grad(self, z, h=None, mask=None):
@@ -152,6 +153,7 @@ class MHA2nd(_MultiHeadFreeEnergy):
     def __init__(self, d: int, n_heads: int, T: float | None = None, eta: float = 1.0,
                  form: str = "corrected", learn_temperature: bool = False):
         super().__init__(d, n_heads, T, learn_temperature)
+        check_step_size(eta, "eta")
         self.eta, self.form = float(eta), self._check_form(form)
 
     def forward(self, z, h, mask=None):

@@ -1,5 +1,5 @@
 """The NRGPT block: one parallel, weight-shared step ``x <- x - eta dE/dg`` (NRGPT eq. 6), applied
-recurrently (``../shared/papers/nrgpt.md`` §2).
+recurrently (Dehmamy et al. 2025, NRGPT, §2).
 
 ``g = LayerNorm(x)``, ``RMSNorm(x)`` or ``x`` (eq. 17). The per-token energy is
 ``E_A = E^AT_A + E^FF_A`` (eqs. 3, 11, 14; :mod:`cemlib.energies.nrgpt`). Which quantity each
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from cemlib.energies import nrgpt as en
-from cemlib.layers.base import EnergyLayer
+from cemlib.layers.base import EnergyLayer, check_norm_eps
 from cemlib.layers.norm import layer_norm, layer_norm_vjp, rms_norm, rms_norm_vjp
 from cemlib.utils import check_positive_int, check_tensor
 
@@ -101,7 +101,7 @@ class NRGPTBlock(EnergyLayer):
             raise ValueError("ff2w_form='paper' needs ff='ff2w' and ff_bias=False (eq. 24 has no biases)")
         if not rate_scale > 0:
             raise ValueError(f"rate_scale must be positive, got {rate_scale!r}")
-        self.norm_eps = float(norm_eps)
+        self.norm_eps = check_norm_eps(norm_eps, "norm_eps")
         self.beta = float(math.sqrt(H / D) if beta is None else beta)
         if not self.beta > 0:
             raise ValueError(f"beta must be positive, got {beta!r}")
@@ -172,6 +172,9 @@ class NRGPTBlock(EnergyLayer):
         check_tensor(t, name, last_dim=self.d_model)
         if t.dim() < 2:
             raise ValueError(f"{name} must have shape (..., N, {self.d_model}), got {tuple(t.shape)}")
+        if t.shape[-2] == 0:
+            raise ValueError(f"{name} is an empty sequence (shape {tuple(t.shape)}): NRGPTBlock needs "
+                             f"at least one token")
         return t
 
     def _ff_args(self):

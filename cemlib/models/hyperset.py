@@ -1,4 +1,4 @@
-"""Recurrent-depth Hyper-SET model (seed ``004``, §3.3, App. D): embed, iterate one layer, head.
+"""Recurrent-depth Hyper-SET model (Hu et al. 2025, §4, App. D): embed, iterate one layer, head.
 
 Inputs are either integer tokens ``(B, N)`` (``vocab_size``; e.g. Sudoku: 81 cells, digits 0-9
 with 0 = blank) or patch vectors ``(B, N, patch_dim)`` (images). The same

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from cemlib.layers.base import check_norm_eps, check_step_size
 from cemlib.layers.blocks import Block
 from cemlib.layers.cem_attention import CEMAttention, resolve_tau
 from cemlib.layers.cem_mlp import CEMMLP
@@ -43,7 +44,8 @@ class LMConfig:
     (see their docstrings) or select the Llama positional encoding (``pos``). ``dropout`` acts on
     the embeddings and on every sublayer's update (Llama: the residual branch; CEM: ``x^(T) - x``),
     so the CEM layers themselves stay exact; ``check_finite`` makes layers reject NaN/Inf input
-    (one device sync per layer; the trainer may turn it off).
+    (one device sync per layer; the trainer may turn it off); the cheap token-id range check
+    stays on either way. Step sizes ``eta_*`` must be finite and >= 0, ``norm_eps`` >= 0.
     """
     vocab_size: int
     context_length: int
@@ -96,6 +98,9 @@ class LMConfig:
             raise ValueError(f"T_mlp={self.T_mlp} needs mlp='cem' (for Llama use reuse_mlp)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("eta_attn", "eta_mlp"):  # step sizes: finite and >= 0
+            check_step_size(getattr(self, name), name)
+        check_norm_eps(self.norm_eps, "norm_eps")
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                              "set head_dim")
@@ -186,7 +191,10 @@ class LanguageModel(nn.Module):
         if idx.shape[1] > cfg.context_length:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds context_length "
                              f"{cfg.context_length}")
-        if cfg.check_finite and idx.numel() and (idx.min() < 0 or idx.max() >= cfg.vocab_size):
+        # the token-id range check stays on with check_finite=False (it is cheap; only skipped
+        # while torch.compile traces the model, where it would break the graph)
+        if idx.numel() and (cfg.check_finite or not torch.compiler.is_compiling()) \
+                and (idx.min() < 0 or idx.max() >= cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {cfg.vocab_size}), got range "
                              f"[{int(idx.min())}, {int(idx.max())}]")
         x = self.drop(self.tok_emb(idx))

@@ -1,5 +1,5 @@
 """Language models / classifiers for the NRGPT chapter: NRGPT, the recurrent parallel GPT baseline
-and a standard deep GPT (``../shared/papers/nrgpt.md`` §3, App. F.1).
+and a standard deep GPT (Dehmamy et al. 2025, NRGPT, §3 and App. F.1).
 
 All three share the GPT-2 wrapper: learned token + position embeddings (``x^(0)``), a body, a final
 LayerNorm and an output head, with ``forward(idx: LongTensor[B, L]) -> logits [B, L, n_outputs]``

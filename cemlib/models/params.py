@@ -1,12 +1,12 @@
 """Parameter and FLOP counting; reproduction of the CEM paper's Table 1 model sizes.
 
-Table 1 ([ICLR]; absent from the [arXiv] extract) lists four Llama configurations with a 32,000
-vocabulary and context 2048. Counting as in the digest §5.2 -- untied input/output embeddings, no
-biases, two RMSNorm gains per block plus a final one -- gives 86.37M, 108.05M, 134.11M, 162.81M:
-the labels 86M/108M/134M/162M are these counts *truncated* to whole millions (162.81M is labelled
-162M), so the check is ``nominal <= count < nominal + 1M``. Models are built on the meta device
-(no memory is allocated). The CEM paper's "about half of the attention, two-thirds of the MLP
-parameters" (§4.1, Fig. 3a) is :func:`sublayer_ratios`.
+Table 1 (arXiv:2605.07588v1, App. D.1; numbers as printed in the ICLR 2026 submission version) lists
+four Llama configurations with a 32,000 vocabulary and context 2048. Counting -- untied input/output
+embeddings, no biases, two RMSNorm gains per block plus a final one -- gives 86.37M, 108.05M,
+134.11M, 162.81M: the labels 86M/108M/134M/162M are these counts *truncated* to whole millions
+(162.81M is labelled 162M), so the check is ``nominal <= count < nominal + 1M``. Models are built on
+the meta device (no memory is allocated). The CEM paper's "about half of the attention, two-thirds
+of the MLP parameters" (§4.1, Fig. 3a) is :func:`sublayer_ratios`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def sublayer_ratios(name: str) -> dict[str, float]:
 
 def table1_report() -> list[dict]:
     """One row per Table-1 model: nominal size, and counts of Llama, CEM attention only, CEM MLP
-    only, full CEM, and full CEM with DPLR preconditioners (R = 4 / 16) -- as in digest §5.2."""
+    only, full CEM, and full CEM with DPLR preconditioners (R = 4 / 16), counted as in the module
+    docstring."""
     rows = []
     for name, (*_, nominal) in TABLE1.items():
         rows.append({
@@ -143,7 +144,8 @@ def kv_cache_bytes_per_token(cfg: LMConfig, bytes_per_element: int = 2) -> int:
     """Bytes that autoregressive decoding must keep per token of context, summed over layers.
 
     Llama attention caches a key and a value per head: ``2 K D_r``. CEM attention ties them
-    (``W_V = W_K``), so one tensor serves as both: ``K D_r`` -- half (the CEM digest's claim C16).
+    (``W_V = W_K``), so one tensor serves as both: ``K D_r`` -- half (implied by CEM eq. 5; the paper
+    does not state it).
     With a KQ diagonal (``diag`` shared or per head, CEM eq. 12) the layer also needs the
     normalised inputs ``RMSNorm(h_j)`` for the term ``h_j^T D_k u_i`` and the diagonal value path,
     ``D_h`` more per token, which at ``K D_r = D_h`` gives back the saving. Recursion (``T``) reuses

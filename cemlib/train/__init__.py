@@ -26,11 +26,11 @@ from cemlib.train.sweep import (CEM_LR_GRID, akima_optimum, grid_sweep, lr_sweep
 from cemlib.train.task_data import TASKS, make_task
 from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, LanguageModelTask, RegressionTask,
                                 Task, TaskDataError, TokenClassificationTask)
-from cemlib.train.trainer import NonFiniteError, Trainer, lm_loss
+from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted, lm_loss
 
 __all__ = ["run_experiment", "get_config", "build", "register", "Experiment", "EXPERIMENTS",
            "ExperimentConfig", "OptimConfig", "TrainConfig", "DataConfig", "ConfigError", "Trainer",
-           "NonFiniteError", "lm_loss", "TokenBatches", "CheckpointError", "load_checkpoint",
+           "NonFiniteError", "TrainingInterrupted", "lm_loss", "TokenBatches", "CheckpointError", "load_checkpoint",
            "save_checkpoint", "load_results", "save_results", "plot_curves", "akima_optimum", "lr_sweep",
            "sweep_experiment", "plot_sweep", "CEM_LR_GRID", "mfu", "stated_peak_tflops",
            "measure_peak_flops", "init_distributed", "DistInfo", "grid_sweep", "summarize_runs", "TASKS",

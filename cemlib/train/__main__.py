@@ -9,6 +9,12 @@ Grids: ``--seeds 0,1,2`` and/or ``--grid task.kernel=rbf,matern`` (repeatable) r
 experiment given (``--experiment`` may be repeated) x grid x seeds, write one results file per run
 into ``--out`` and a ``summary.md`` / ``summary.json`` with mean ± std over seeds, e.g.
 ``python -m cemlib.train --experiment gp-gated --experiment gp-cem-t2 --seeds 0,1,2 --out runs/gp``.
+
+Errors in the configuration, the data, ``--out`` or ``--resume`` print one line ``error: ...`` and
+exit with status 2 (a NaN/Inf: status 1). Ctrl-C (SIGINT) or SIGTERM stops after the current step,
+saves a checkpoint and the results so far, and exits with status 128 + the signal number (130 for
+Ctrl-C). Without a terminal (piped output) a training line is printed every ``train.log_interval``
+steps.
 """
 
 from __future__ import annotations
@@ -17,16 +23,86 @@ import argparse
 import json
 import os
 import sys
+import textwrap
+import time
 from pathlib import Path
 
-import torch
+_T_IMPORT = time.time()
 
-from cemlib.train.config import ConfigError
-from cemlib.train.experiments import EXPERIMENTS, get_config, run_experiment
+import torch  # noqa: E402
+
+from cemlib.train.config import ConfigError  # noqa: E402
+from cemlib.train.experiments import EXPERIMENTS, get_config, model_fields, run_experiment  # noqa: E402
+
+
+def _process_start() -> tuple[float, str]:
+    """``(time.time() at which this process started, what that is)``: from ``/proc`` on Linux
+    (so the start-up time includes the imports), else the moment this module was imported."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start time after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+        if 0 <= age < 86400:
+            return time.time() - age, "process start"
+    except (OSError, ValueError, IndexError):
+        pass
+    return _T_IMPORT, "cemlib.train import"
+
+
+def _model_fields_help() -> str:
+    """The ``model.*`` fields of every experiment, grouped (for ``--help``)."""
+    groups: dict[tuple, list[str]] = {}
+    for name in sorted(EXPERIMENTS):
+        try:
+            fields = model_fields(name)
+        except ConfigError:
+            fields = None
+        groups.setdefault(tuple(sorted(fields)) if fields is not None else ("(not listed)",), []).append(name)
+    lines = ["model fields (--set model.FIELD=VALUE; other fields are rejected before any data loads):"]
+    for fields, names in groups.items():
+        lines.append(textwrap.fill(", ".join(names) + ":", 100, initial_indent="  ",
+                                   subsequent_indent="  ", break_on_hyphens=False))
+        lines.append(textwrap.fill(", ".join(fields), 100, initial_indent="      ",
+                                   subsequent_indent="      "))
+    return "\n".join(lines)
+
+
+def _user_errors() -> tuple[type, ...]:
+    """Exceptions that mean a wrong input (one line, exit status 2), not a bug in cemlib."""
+    from cemlib.data.shakespeare import ChecksumError
+    from cemlib.train.checkpoint import CheckpointError
+    from cemlib.train.data import DataMismatchError
+    from cemlib.train.tasks import TaskDataError
+    return (ConfigError, TaskDataError, CheckpointError, DataMismatchError, ChecksumError,
+            FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError, UnicodeDecodeError)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cemlib.train", description=__doc__.splitlines()[0])
+    started_at, started_from = _process_start()
+    try:
+        return _main(argv, started_at, started_from)
+    except _user_errors() as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # e.g. a full disk while saving: the message names the file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as err:
+        from cemlib.train.trainer import TrainingInterrupted
+        if isinstance(err, TrainingInterrupted):
+            print(f"interrupted: {err}", file=sys.stderr)
+            return 128 + err.signum
+        raise
+    except FloatingPointError as err:  # NonFiniteError: step, parameter and last_good.pt named
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None, started_at: float, started_from: str) -> int:
+    p = argparse.ArgumentParser(prog="python -m cemlib.train", description=__doc__.splitlines()[0],
+                                epilog=_model_fields_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", action="append", help="experiment name (see --list); repeat for a grid")
     p.add_argument("--preset", default="cpu", help="preset name, e.g. cpu or gpu (default: cpu)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -49,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.experiment:
         p.error("--experiment is required (see --list)")
     overrides = list(args.overrides) + ([f"train.device={args.device}"] if args.device else [])
+    notes: list[str] = []
     try:
         for name in args.experiment:
-            cfg = get_config(name, args.preset, overrides)
+            cfg = get_config(name, args.preset, overrides, notes)
         grid = {}
         for axis in args.grid:
             key, sep, values = axis.partition("=")
@@ -73,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.experiment = args.experiment[0]
     if args.print_config:
+        for note in dict.fromkeys(notes):
+            print(f"note: {note}", file=sys.stderr)
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
     out = args.out or f"runs/{args.experiment}-{args.preset}"
     res = run_experiment(args.experiment, args.preset, overrides, out, resume=args.resume,
-                         verbose=not args.quiet, strategy=args.strategy)
+                         verbose=not args.quiet, strategy=args.strategy, started_at=started_at,
+                         started_from=started_from)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     m = res["metrics"]

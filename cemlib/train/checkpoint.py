@@ -2,24 +2,29 @@
 
 Everything stored is a tensor, a number, a string or a container of those, so the file loads with
 ``torch.load(weights_only=True)`` (no arbitrary pickled code). Files are written to a temporary
-name and renamed, so a crash never leaves a half-written checkpoint under the final name.
+name and renamed, so a crash never leaves a half-written checkpoint under the final name; a
+full disk (or another write error) removes the temporary file, names the file and the cause ("no
+space left on device") and leaves the previous checkpoint intact. Every checkpoint stores a
+SHA-256 checksum of its contents (tensors included), verified on load, so a flipped bit is found.
 Corrupted, truncated, foreign or mismatched files raise :class:`CheckpointError` with a message
 that says what is wrong.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import os
-import pickle
 import random
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 __all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "rng_state",
-           "set_rng_state", "check_model_state", "config_differences"]
+           "set_rng_state", "check_model_state", "config_differences", "payload_checksum",
+           "atomic_write_bytes", "remove_stale_tmp"]
 
 FORMAT = "cemlib.train.checkpoint/1"
 _REQUIRED = ("format", "step", "model", "optimizer", "scheduler", "rng", "data", "config")
@@ -53,30 +58,104 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: str | Path, payload: dict) -> Path:
-    """Atomically write ``payload`` (must hold the keys in ``_REQUIRED``) to ``path``."""
-    missing = [k for k in _REQUIRED if k not in payload]
-    if missing:
-        raise ValueError(f"checkpoint payload lacks {missing}")
+def _feed(h, obj) -> None:
+    """Feed ``obj`` (tensors, numbers, strings, containers of those) into the hash ``h``."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            flat = t.to("cpu").contiguous().reshape(-1)
+            h.update(flat.view(torch.uint8).numpy())  # the raw bytes, whatever the dtype
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)};".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, (list, tuple)):  # a tuple may come back from torch.load as a list
+        h.update(f"L{len(obj)};".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def payload_checksum(payload: dict) -> str:
+    """SHA-256 over every entry of a checkpoint payload except ``"checksum"`` itself, tensors by
+    their dtype, shape and bytes (so one flipped bit in a weight changes it)."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in payload.items() if k != "checksum"})
+    return h.hexdigest()
+
+
+def remove_stale_tmp(folder: str | Path) -> list[Path]:
+    """Delete the ``*.pt.tmp`` / ``*.json.tmp`` files an interrupted write left in ``folder``."""
+    folder, removed = Path(folder), []
+    if folder.is_dir():
+        for tmp in sorted(list(folder.glob("*.pt.tmp")) + list(folder.glob("*.json.tmp"))):
+            try:
+                tmp.unlink()
+                removed.append(tmp)
+            except OSError:
+                pass
+    return removed
+
+
+def _write_file(path: Path, data) -> None:
+    """Write ``data`` to ``path`` and flush it to disk (the one place bytes reach the disk)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_bytes(path: str | Path, data, what: str = "file") -> Path:
+    """Write ``data`` to ``path.tmp`` and rename it to ``path``. On failure the temporary file is
+    removed, any previous ``path`` stays as it was, and the error names the file and the cause."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_file(tmp, data)
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        kept = f"; the previous {path.name} is intact" if path.exists() else ""
+        cause = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+        raise OSError(err.errno, f"cannot write the {what} {path}: {cause}{kept}") from err
     return path
 
 
+def save_checkpoint(path: str | Path, payload: dict) -> Path:
+    """Atomically write ``payload`` (must hold the keys in ``_REQUIRED``) to ``path``, with a
+    SHA-256 checksum of its contents under ``"checksum"``. A write error (e.g. a full disk) raises
+    ``OSError`` naming the file and leaves the previous checkpoint at ``path`` intact."""
+    missing = [k for k in _REQUIRED if k not in payload]
+    if missing:
+        raise ValueError(f"checkpoint payload lacks {missing}")
+    payload = {**payload, "checksum": payload_checksum(payload)}
+    buf = io.BytesIO()  # serialise in memory: the disk write then fails with a real errno
+    torch.save(payload, buf)
+    return atomic_write_bytes(path, buf.getbuffer(), "checkpoint")
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load with ``weights_only=True`` and check the format; raise :class:`CheckpointError`."""
+    """Load with ``weights_only=True``, check the format and the checksum; raise
+    :class:`CheckpointError` for anything that is not an intact cemlib.train checkpoint."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} is a folder; give a checkpoint file in it "
+                              f"(last.pt or ckpt_<step>.pt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path.name!r} does not exist")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
-            ValueError) as err:
+    except Exception as err:  # noqa: BLE001 -- a foreign file can fail in the unpickler in any way
+        why = " ".join(str(err).split())[:200]  # one line
         raise CheckpointError(f"checkpoint {path.name!r} is corrupted or truncated, or is not a "
-                              f"weights-only torch file ({type(err).__name__}: {str(err)[:200]})") from err
+                              f"weights-only torch file ({type(err).__name__}: {why})") from err
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(f"checkpoint {path.name!r} is not a cemlib.train checkpoint "
@@ -84,6 +163,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     missing = [k for k in _REQUIRED if k not in payload]
     if missing:
         raise CheckpointError(f"checkpoint {path.name!r} lacks the entries {missing}")
+    stored = payload.get("checksum")  # absent only in checkpoints written before checksums existed
+    if stored is not None and stored != payload_checksum(payload):
+        raise CheckpointError(f"checkpoint {path.name!r} is corrupted: the checksum of its contents does "
+                              f"not match the one stored when it was written")
     return payload
 
 

@@ -3,7 +3,10 @@
 An :class:`Experiment` is a model factory (model keyword arguments + vocabulary size + context
 length -> ``nn.Module``) and named presets (:class:`~cemlib.train.config.ExperimentConfig`):
 ``cpu`` finishes in about a minute on 2 cores, ``gpu`` is the mid-size model the chapter is about.
-Chapters may :func:`register` their own experiments.
+Chapters may :func:`register` their own experiments. Every built-in preset writes a periodic
+checkpoint (``train.checkpoint_interval``: about a fifth of the run, a multiple of the evaluation
+interval) when it has an output folder; ``model.*`` fields are checked against the model's
+options in :func:`get_config`, before any data loads.
 
 Registered here: character-level tiny Shakespeare with the Llama baseline (``shakespeare-llama``)
 and full CEM, attention and MLP both replaced (``shakespeare-cem``), both from
@@ -18,8 +21,12 @@ trainer checks loss and gradients every step anyway.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import os
 import shlex
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -33,18 +40,24 @@ from cemlib.train.tasks import Task
 from cemlib.utils import seed_everything
 
 __all__ = ["Experiment", "register", "EXPERIMENTS", "get_config", "load_data", "build", "run_experiment",
-           "reproduce_command"]
+           "reproduce_command", "model_fields"]
 
 
 @dataclass(frozen=True)
 class Experiment:
     """A model factory ``build_model(model_kwargs, task) -> nn.Module`` (it reads ``task.info``:
-    ``vocab_size``, ``context_length``, ``n_classes``, ``in_dim``, ...) and its presets."""
+    ``vocab_size``, ``context_length``, ``n_classes``, ``in_dim``, ...) and its presets.
+
+    ``model_fields(model_kwargs)``, if given, returns the names the ``model`` section may hold
+    (they may depend on ``model.arch``), so that a misspelt ``model.*`` field fails in
+    :func:`get_config`, before any data loads; ``None`` (the default) uses the builder's own
+    ``build_model.model_fields`` attribute if it has one, else skips that check."""
 
     name: str
     description: str
     build_model: Callable[[dict, int, int], nn.Module]
     presets: dict = field(default_factory=dict)
+    model_fields: Callable[[dict], list[str] | None] | None = None
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -61,8 +74,36 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
-def get_config(experiment: str, preset: str, overrides: list[str] | tuple = ()) -> ExperimentConfig:
-    """The config of ``experiment`` / ``preset`` with ``section.field=value`` overrides."""
+def model_fields(experiment: str, model: dict | None = None) -> list[str] | None:
+    """The names the ``model`` section of ``experiment`` may hold (for ``model.arch`` as in
+    ``model``, default: the first preset's), or ``None`` if the experiment does not say."""
+    exp = EXPERIMENTS[experiment]
+    fields = exp.model_fields or getattr(exp.build_model, "model_fields", None)
+    if fields is None:
+        return None
+    if model is None:
+        model = next(iter(exp.presets.values())).model if exp.presets else {}
+    return fields(dict(model))
+
+
+def _check_model_fields(cfg: ExperimentConfig) -> None:
+    known = model_fields(cfg.experiment, cfg.model)
+    if known is None:
+        return
+    unknown = sorted(set(cfg.model) - set(known))
+    if unknown:
+        raise ConfigError(f"model fields {unknown} are not options of {cfg.experiment!r}; known: "
+                          f"{', '.join(sorted(known))}")
+
+
+def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
+               notes: list[str] | None = None) -> ExperimentConfig:
+    """The config of ``experiment`` / ``preset`` with ``section.field=value`` overrides.
+
+    Unknown ``model.*`` fields are rejected here (before any data loads). When an override of
+    ``train.max_steps`` leaves the preset's ``optim.warmup_steps`` no smaller than it (and the
+    warm-up is not overridden too), the warm-up is clamped to ``max_steps - 1``; the sentence
+    saying so is appended to ``notes`` (if given)."""
     if experiment not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {experiment!r}; known: {', '.join(sorted(EXPERIMENTS))}")
     presets = EXPERIMENTS[experiment].presets
@@ -70,7 +111,23 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = ()) 
         raise ConfigError(f"unknown preset {preset!r} for experiment {experiment!r}; "
                           f"known: {', '.join(sorted(presets))}")
     cfg = ExperimentConfig.from_dict(presets[preset].to_dict())  # a copy: presets stay untouched
-    return apply_overrides(cfg, list(overrides)) if overrides else cfg
+    overrides = list(overrides)
+    if overrides:
+        w = cfg.optim.warmup_steps
+        if w and not any(o.partition("=")[0].strip() == "optim.warmup_steps" for o in overrides):
+            d = cfg.to_dict()
+            d["optim"]["warmup_steps"] = 0
+            max_steps = apply_overrides(ExperimentConfig.from_dict(d), overrides).train.max_steps
+            if w >= max_steps:
+                clamped = max_steps - 1
+                if notes is not None:
+                    notes.append(f"the {preset} preset's optim.warmup_steps={w} does not fit "
+                                 f"train.max_steps={max_steps}: warm-up clamped to {clamped} steps "
+                                 f"(set optim.warmup_steps to choose another)")
+                overrides = overrides + [f"optim.warmup_steps={clamped}"]
+        cfg = apply_overrides(cfg, overrides)
+    _check_model_fields(cfg)
+    return cfg
 
 
 def load_data(cfg: ExperimentConfig) -> Task:
@@ -82,9 +139,15 @@ def build(cfg: ExperimentConfig) -> tuple[nn.Module, Task]:
     """Load the task, seed with ``cfg.train.seed`` and build the model: ``(model, task)``."""
     if cfg.experiment not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {cfg.experiment!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+    _check_model_fields(cfg)
     task = make_task(cfg)
     seed_everything(cfg.train.seed)
-    model = EXPERIMENTS[cfg.experiment].build_model(dict(cfg.model), task)
+    try:
+        model = EXPERIMENTS[cfg.experiment].build_model(dict(cfg.model), task)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:  # a model option out of range: a config error
+        raise ConfigError(f"the model options of {cfg.experiment!r} are invalid: {err}") from err
     return model, task
 
 
@@ -102,13 +165,27 @@ def reproduce_command(experiment: str, preset: str, overrides=(), world_size: in
 
 
 def run_experiment(experiment: str, preset: str = "cpu", overrides=(), out_dir=None, *, resume=None,
-                   until: int | None = None, verbose: bool = True, strategy: str = "ddp") -> dict:
-    """Build and train one preset; return its results dictionary (see :mod:`cemlib.train.results`)."""
-    from cemlib.train.trainer import Trainer
-    cfg = get_config(experiment, preset, overrides)
+                   until: int | None = None, verbose: bool = True, strategy: str = "ddp",
+                   started_at: float | None = None, started_from: str = "caller's start time") -> dict:
+    """Build and train one preset; return its results dictionary (see :mod:`cemlib.train.results`).
+
+    ``out_dir`` is checked (created, written to) before the data load; ``started_at``
+    (``time.time()``, default: this call) is when the run began, for the start-up time in the
+    results (``started_from`` names that moment, e.g. "process start")."""
+    from cemlib.train.trainer import Trainer, prepare_out_dir
+    t0 = time.time() if started_at is None else started_at
+    notes: list[str] = []
+    cfg = get_config(experiment, preset, overrides, notes)
+    if verbose and int(os.environ.get("RANK", "0")) == 0:
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        prepare_out_dir(out_dir)
     model, task = build(cfg)
     cmd = reproduce_command(experiment, preset, overrides, int(os.environ.get("WORLD_SIZE", "1")), strategy)
-    trainer = Trainer(model, task, cfg, out_dir=out_dir, command=cmd, strategy=strategy, verbose=verbose)
+    trainer = Trainer(model, task, cfg, out_dir=out_dir, command=cmd, strategy=strategy, verbose=verbose,
+                      started_at=t0, notes=notes)
+    trainer.started_from = started_from if started_at is not None else "run_experiment call"
     return trainer.fit(resume=resume, until=until)
 
 
@@ -121,6 +198,37 @@ def _construct(cls, *args, **kwargs) -> nn.Module:
         raise ConfigError(f"model options {sorted(kwargs)} do not fit {cls.__name__}: {err}") from None
 
 
+def _signature_fields(cls, exclude=(), inner=None) -> list[str] | None:
+    """Keyword names ``cls(...)`` accepts, less ``exclude`` (those the task supplies); a class that
+    forwards ``**kwargs`` to ``inner`` accepts ``inner``'s too (None: anything, unchecked)."""
+    params = inspect.signature(cls.__init__).parameters
+    names = [n for n, q in params.items() if n != "self" and n not in exclude
+             and q.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if any(q.kind is inspect.Parameter.VAR_KEYWORD for q in params.values()):
+        if inner is None:
+            return None
+        more = _signature_fields(inner, exclude)
+        return None if more is None else sorted(set(names) | set(more))
+    return names
+
+
+def _fields(importer: Callable, exclude=()) -> Callable[[dict], list[str] | None]:
+    """``model_fields`` for an experiment built from the one class ``importer()`` returns."""
+    return lambda model: _signature_fields(importer(), exclude)
+
+
+def _arch_fields(importer: Callable, exclude=()) -> Callable[[dict], list[str] | None]:
+    """``model_fields`` for ``model.arch`` picking a class in ``importer()``: ``{arch: cls or
+    (cls, inner)}``."""
+    def fields(model: dict) -> list[str] | None:
+        classes = importer()
+        entry, _ = _pick_arch(model, classes)
+        cls, inner = entry if isinstance(entry, tuple) else (entry, None)
+        names = _signature_fields(cls, exclude, inner)
+        return None if names is None else ["arch", *names]
+    return fields
+
+
 def _pick_arch(kwargs: dict, classes: dict) -> tuple[type, dict]:
     """The class named by ``kwargs["arch"]`` and the remaining keyword arguments."""
     kw = dict(kwargs)
@@ -130,12 +238,21 @@ def _pick_arch(kwargs: dict, classes: dict) -> tuple[type, dict]:
     return classes[arch], kw
 
 
+def _train(**kw) -> TrainConfig:
+    """A preset's :class:`TrainConfig` with a periodic checkpoint (unless given): about every fifth
+    of the run, rounded up to a multiple of ``eval_interval`` (at most five plus ``last.pt``)."""
+    if "checkpoint_interval" not in kw:
+        ev = kw.get("eval_interval", TrainConfig.eval_interval)
+        kw["checkpoint_interval"] = ev * math.ceil(max(1, kw["max_steps"] // 5) / ev)
+    return TrainConfig(**kw)
+
+
 def _presets(name: str, data: str, cpu: dict, gpu: dict) -> dict:
     """The ``cpu`` and ``gpu`` :class:`ExperimentConfig` of ``name`` on dataset ``data``; each
     preset is ``{"model": ..., "task": ..., "optim": OptimConfig kwargs, "train": TrainConfig kwargs}``."""
     return {key: ExperimentConfig(experiment=name, preset=key, model=dict(p["model"]),
                                   task=dict(p.get("task", {})), data=DataConfig(name=data),
-                                  optim=OptimConfig(**p["optim"]), train=TrainConfig(**p["train"]))
+                                  optim=OptimConfig(**p["optim"]), train=_train(**p["train"]))
             for key, p in (("cpu", cpu), ("gpu", gpu))}
 
 
@@ -150,21 +267,29 @@ def _build_lm(kwargs: dict, task: Task) -> nn.Module:
     return LanguageModel(LMConfig(vocab_size=vocab_size, context_length=context_length, **kwargs))
 
 
+def _lm_fields(model: dict) -> list[str]:
+    from cemlib.models.lm import LMConfig
+    return [f.name for f in dataclasses.fields(LMConfig) if f.name not in ("vocab_size", "context_length")]
+
+
+_build_lm.model_fields = _lm_fields
+
+
 def _shakespeare(name: str, attn: str, mlp: str, what: str, cpu_extra=None, gpu_extra=None) -> Experiment:
     arch = {"attn": attn, "mlp": mlp}
     cpu = ExperimentConfig(
         experiment=name, preset="cpu",
         model={"d_model": 128, "n_layers": 2, "n_heads": 4, **arch, **(cpu_extra or {})},
         optim=OptimConfig(lr=3e-3, beta2=0.99, warmup_steps=20, min_lr_ratio=0.1),
-        train=TrainConfig(max_steps=600, batch_size=32, context_length=64, eval_interval=50,
-                          eval_batches=8, log_interval=10))
+        train=_train(max_steps=600, batch_size=32, context_length=64, eval_interval=50,
+                     eval_batches=8, log_interval=10))
     gpu = ExperimentConfig(
         experiment=name, preset="gpu",
         model={"d_model": 384, "n_layers": 6, "n_heads": 6, "dropout": 0.2, "check_finite": False,
                **arch, **(gpu_extra or {})},
         optim=OptimConfig(lr=1e-3, beta2=0.99, warmup_steps=100, min_lr_ratio=0.1),
-        train=TrainConfig(max_steps=5000, batch_size=64, context_length=256, eval_interval=500,
-                          eval_batches=200, log_interval=10, compile=True))
+        train=_train(max_steps=5000, batch_size=64, context_length=256, eval_interval=500,
+                     eval_batches=200, log_interval=10, compile=True))
     return Experiment(name, f"character-level tiny Shakespeare: {what}", _build_lm,
                       {"cpu": cpu, "gpu": gpu})
 
@@ -218,6 +343,15 @@ def _build_token_model(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.nrgpt import GPTModel, NRGPTModel, RecurrentGPTModel
     cls, kw = _pick_arch(kwargs, {"nrgpt": NRGPTModel, "rgpt": RecurrentGPTModel, "gpt": GPTModel})
     return _construct(cls, task.info["vocab_size"], task.info["context_length"], **kw)
+
+
+def _token_model_classes() -> dict:
+    from cemlib.layers.nrgpt import NRGPTBlock
+    from cemlib.models.nrgpt import GPTModel, NRGPTModel, RecurrentGPTModel
+    return {"nrgpt": (NRGPTModel, NRGPTBlock), "rgpt": RecurrentGPTModel, "gpt": GPTModel}
+
+
+_build_token_model.model_fields = _arch_fields(_token_model_classes, ("vocab_size", "block_size"))
 
 
 def _nrgpt_family(prefix: str, data: str, task: dict, cpu_model: dict, gpu_model: dict, cpu_train: dict,
@@ -274,6 +408,14 @@ def _build_regressor(kwargs: dict, task: Task) -> nn.Module:
     return _construct(MLPRegressor, task.info["in_dim"], task.info["out_dim"], **kwargs)
 
 
+def _regressor_class():
+    from cemlib.models.regression import MLPRegressor
+    return MLPRegressor
+
+
+_build_regressor.model_fields = _fields(_regressor_class, ("in_dim", "out_dim"))
+
+
 # Widths (ours; the paper gives none): D_h = 64, one residual block. Gated (SwiGLU) d_ff = 172 and
 # CEM d_v = 172 give 3 x 64 x 172 = 33,024 and 2 x 64 x 172 = 22,016 block weights (Table 3: 33.94K
 # vs 22.66K in all); Plain d_ff = 258 ~ 1.5 x 172 (with biases) matches Gated's count.
@@ -302,6 +444,14 @@ for _name, _model, _what in (
 def _build_newton(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.newton_transformer import NewtonTransformer
     return _construct(NewtonTransformer, task.info["vocab_size"], task.info["context_length"], **kwargs)
+
+
+def _newton_class():
+    from cemlib.models.newton_transformer import NewtonTransformer
+    return NewtonTransformer
+
+
+_build_newton.model_fields = _fields(_newton_class, ("vocab_size", "block_size"))
 
 
 # App. A.9: 3 layers, sinusoidal positions, dropout 0.1, AdamW(0.9, 0.999), lr 1e-4, weight decay
@@ -337,6 +487,16 @@ def _build_recurrent(kwargs: dict, task: Task) -> nn.Module:
     else:
         io["patch_dim"] = info["patch_dim"]
     return _construct(cls, **io, **kw)
+
+
+def _recurrent_classes() -> dict:
+    from cemlib.models.hyperset import HyperSETModel
+    from cemlib.models.recurrent_transformer import RecurrentTransformer
+    return {"hyperset": HyperSETModel, "transformer": RecurrentTransformer}
+
+
+_build_recurrent.model_fields = _arch_fields(_recurrent_classes,
+                                             ("n_classes", "n_positions", "vocab_size", "patch_dim"))
 
 
 for _arch, _label in (("hyperset", "Hyper-SET (bi-softmax attention, tied ReLU FF, learned step "

@@ -2,7 +2,11 @@
 
 A results file holds: the experiment config, final and best metrics, the loss curves, the
 parameter count, the device and its name, library versions, the git commit of the code, and the
-exact command that reproduces the run. Chapters load stored GPU results with
+exact command that reproduces the run. Files written since the misuse review also hold
+``metrics["final_whole_val"]`` (the final model on the whole validation split),
+``metrics["estimates"]`` (what each number is computed on), ``timing`` (wall-clock start and end,
+start-up time), ``status`` (complete / interrupted / partial) and ``notes``; older files lack
+them, and :func:`load_results` requires only the original fields. Chapters load stored GPU results with
 :func:`load_results` and show them next to their live CPU runs with :func:`plot_curves`.
 """
 
@@ -82,16 +86,17 @@ def environment_info(device: torch.device, world_size: int = 1) -> tuple[dict, d
 
 
 def save_results(path: str | Path, results: dict) -> Path:
-    """Write ``results`` (checked for the required fields) as indented JSON."""
+    """Write ``results`` (checked for the required fields) as indented JSON, atomically (a failed
+    write raises ``OSError`` naming the file and leaves an earlier file at ``path`` intact)."""
     missing = [k for k in _REQUIRED if k not in results]
     if missing:
         raise ResultsError(f"results lack the fields {missing}")
     out = dict(results)
     out.setdefault("created_utc", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1, sort_keys=False, allow_nan=False) + "\n")
-    return path
+    from cemlib.train.checkpoint import atomic_write_bytes
+    text = json.dumps(out, indent=1, sort_keys=False, allow_nan=False) + "\n"
+    # written to a temporary name and renamed: a full disk names the file and keeps the old one
+    return atomic_write_bytes(path, text.encode(), "results file")
 
 
 def load_results(path: str | Path) -> dict:

@@ -59,10 +59,49 @@ def _shakespeare(cfg) -> Task:
         raise FileNotFoundError(f"data file for data.name={d.name!r} not found: data.path={d.path!r} "
                                 f"(leave data.path unset to use the copy shipped with cemlib)")
     from cemlib.data.shakespeare import load_shakespeare
-    s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
-    return LanguageModelTask(TokenBatches(s.train, tc.context_length, seed=tc.seed, name="train"),
-                             TokenBatches(s.val, tc.context_length, seed=tc.seed + 2, name="val"),
-                             s.tokenizer.vocab_size, tc.eval_batches)
+    if d.path is None or _is_shipped(d.path):
+        s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)  # checksum: shipped file only
+    else:
+        s = _own_corpus(d.path, d.val_fraction)
+    try:
+        train = TokenBatches(s.train, tc.context_length, seed=tc.seed, name="train")
+        val = TokenBatches(s.val, tc.context_length, seed=tc.seed + 2, name="val")
+    except ValueError as err:  # e.g. a corpus too short for the context length
+        raise TaskDataError(f"data.path={d.path!r}: {err}") from None
+    return LanguageModelTask(train, val, s.tokenizer.vocab_size, tc.eval_batches)
+
+
+def _is_shipped(path) -> bool:
+    """Is ``path`` the tiny Shakespeare file shipped with cemlib (the one with a known SHA-256)?"""
+    from cemlib.data.shakespeare import _default_path
+    try:
+        return Path(path).resolve() == _default_path().resolve()
+    except OSError:
+        return False
+
+
+def _own_corpus(path, val_fraction: float):
+    """A user's own text file (``data.path``; UTF-8, optionally ``.gz``) as character ids, split
+    like tiny Shakespeare (the last ``val_fraction`` is validation). No checksum: only the shipped
+    file has a known one."""
+    import gzip
+    from cemlib.data.shakespeare import CharSplits, CharTokenizer
+    if not 0.0 < val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction must lie in (0, 1), got {val_fraction!r}")
+    p = Path(path)
+    raw = p.read_bytes()
+    try:
+        raw = gzip.decompress(raw) if p.suffix == ".gz" else raw
+        text = raw.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise TaskDataError(f"data.path={str(path)!r} is not a UTF-8 text file (or a gzip of one): "
+                            f"{err}") from None
+    if not text:
+        raise TaskDataError(f"data.path={str(path)!r} is empty")
+    tok = CharTokenizer(text)
+    ids = tok.encode(text)
+    n = int(len(ids) * (1.0 - val_fraction))
+    return CharSplits(train=ids[:n], val=ids[n:], tokenizer=tok)
 
 
 def _listops(cfg, *, n_train: int = 50_000, n_test: int = 2_000, modulus: int = 20, max_depth: int = 2,

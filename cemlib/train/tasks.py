@@ -170,6 +170,32 @@ class Task:
             i = rank + world * j
             yield (1.0, data.take(chunks[i])) if i < len(chunks) else (0.0, data.take(chunks[0]))
 
+    # -- the final evaluation on a whole split, and what each evaluation estimates
+    #: whether the periodic evaluation of ``val`` already covers the whole split (fixed datasets:
+    #: yes; token streams: no, it samples ``eval_batches`` batches of random windows)
+    val_eval_is_whole = True
+
+    def whole_batches(self, split: str, size: int, rank: int = 0, world: int = 1):
+        """``(weight, batch)`` pairs covering the whole ``split`` once (as :meth:`eval_batches`)."""
+        n = self.splits[split].n if split == "train" else None
+        return self.eval_batches(split, size, rank, world,
+                                 None if n is None else math.ceil(n / size))
+
+    def whole_stats(self, model: nn.Module, batch, split: str | None = None) -> torch.Tensor:
+        """Sums over a batch of :meth:`whole_batches`, read by :meth:`summarize_whole`."""
+        return self.eval_stats(model, batch, split)
+
+    def summarize_whole(self, sums: list[float], split: str | None = None) -> dict:
+        return self.summarize(sums, split)
+
+    def estimate(self, split: str, size: int, whole: bool = False) -> str:
+        """In words, what a metric of ``split`` is computed on (recorded in the results)."""
+        data = self.splits[split]
+        n = len(data) if hasattr(data, "__len__") else None
+        if whole or split != "train":
+            return f"the whole {split} split ({n} examples)"
+        k = min(n, self.eval_batches_n * size)
+        return f"a fixed subset of {k} of the {n} {split} examples"
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         raise NotImplementedError
@@ -258,6 +284,54 @@ class LanguageModelTask(Task):
 
     def summarize(self, sums, split=None):
         return {"loss": sums[0] / sums[1]}
+
+    val_eval_is_whole = False
+
+    def whole_batches(self, split, size, rank=0, world=1):
+        """Every next-token target of the ``split`` stream exactly once: consecutive
+        non-overlapping windows of ``context_length`` inputs, then one window ending at the last
+        token whose already-scored targets are masked with ``-100``. Every process gets the same
+        number of batches (weight-0 repeats pad)."""
+        data = self.splits[split]
+        tokens, C = data.tokens, data.context_length
+        n_targets = tokens.numel() - 1
+        starts = torch.arange(0, n_targets - C + 1, C)
+        idx = starts[:, None] + torch.arange(C + 1)
+        w = tokens[idx]
+        x, y = w[:, :-1], w[:, 1:].clone()
+        covered = starts.numel() * C
+        if covered < n_targets:  # the tail: a window ending at the last token
+            tail = tokens[n_targets - C:]
+            ty = tail[1:].clone()
+            ty[: C - (n_targets - covered)] = IGNORE_INDEX
+            x, y = torch.cat([x, tail[None, :-1]]), torch.cat([y, ty[None]])
+        chunks = list(zip(torch.split(x, size), torch.split(y, size)))
+        per_rank = math.ceil(len(chunks) / world)
+        for j in range(per_rank):
+            i = rank + world * j
+            yield (1.0, chunks[i]) if i < len(chunks) else (0.0, chunks[0])
+
+    def whole_stats(self, model, batch, split=None):
+        x, y = batch
+        logits = model(x)
+        if logits.dim() != 3 or logits.shape[:2] != x.shape:
+            raise TaskDataError(f"model must map idx {tuple(x.shape)} to logits [B, L, V], got "
+                                f"{tuple(logits.shape)}")
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                             ignore_index=IGNORE_INDEX, reduction="sum")
+        return _f64(ce, (y != IGNORE_INDEX).sum())
+
+    def summarize_whole(self, sums, split=None):
+        return {"loss": sums[0] / sums[1]}
+
+    def estimate(self, split, size, whole=False):
+        data = self.splits[split]
+        C = data.context_length
+        if whole:
+            return (f"the whole {split} split: each of its {data.tokens.numel() - 1} next-token "
+                    f"targets once, in non-overlapping windows of {C} tokens")
+        return (f"a sample: {self.eval_batches_n} fixed batches of {size} random windows of {C} "
+                f"tokens of the {split} split (the mean of the per-batch losses)")
 
 
 # ------------------------------------------------------------------------------ answer prediction

@@ -5,18 +5,29 @@ accumulation, bf16 (or fp16 with a gradient scaler, on GPUs without bf16) autoca
 ``torch.compile`` on CUDA, DDP/FSDP under ``torchrun``, periodic evaluation of every split with
 the task's metrics, checkpoints and NaN/Inf detection, and returns the results dictionary (also
 written to ``out_dir/results.json``). One optimiser step consumes global batch ``step`` of the
-task's train split, so the data position is the step counter. ``Trainer(model, train, val, cfg)``
+task's train split, so the data position is the step counter.
+
+Under misuse: ``out_dir`` is created and proved writable before the first step; SIGINT / SIGTERM
+(Ctrl-C) finish the current step, save a checkpoint and the results so far, and raise
+:class:`TrainingInterrupted` (the command line exits with 128 + the signal number); a NaN/Inf
+found by a layer's own finite check is reported like one in the loss (step, parameter,
+``last_good.pt``); wall time and tokens accumulate across resumes. ``Trainer(model, train, val, cfg)``
 with two :class:`~cemlib.train.data.TokenBatches` is language modelling (the original form).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
+import re
+import signal
 import sys
+import threading
 import time
 import warnings
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -35,11 +46,61 @@ from cemlib.train.optim import make_optimizer, make_scheduler
 from cemlib.train.results import SCHEMA, environment_info, git_commit, save_results
 from cemlib.utils import default_device, seed_everything
 
-__all__ = ["Trainer", "NonFiniteError", "lm_loss", "choose_precision"]
+__all__ = ["Trainer", "NonFiniteError", "TrainingInterrupted", "lm_loss", "choose_precision",
+           "prepare_out_dir"]
+
+# the message of cemlib.utils.check_tensor when a layer's own finite check finds NaN/Inf
+_LAYER_NONFINITE = re.compile(r"contains \d+ NaN/Inf value\(s\)")
 
 
 class NonFiniteError(FloatingPointError):
     """Loss or gradients became NaN/Inf; the message names the step and the first parameter."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped :meth:`Trainer.fit` after a step; ``checkpoint`` and ``results``
+    are the files written (``None`` without ``out_dir``), ``signum`` the signal."""
+
+    def __init__(self, message: str, signum: int, step: int, checkpoint: Path | None,
+                 results: Path | None):
+        super().__init__(message)
+        self.signum, self.step, self.checkpoint, self.results = signum, step, checkpoint, results
+
+
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create ``out_dir`` and prove that a file can be written in it (so an unusable ``--out``
+    fails before any training step, not after the last), and remove the ``.tmp`` files an
+    interrupted write left there. Raises ``NotADirectoryError`` / ``PermissionError`` /
+    ``OSError`` with a one-line message naming the folder."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"out_dir must be a folder (it receives results.json and "
+                                 f"checkpoints), but {out_dir} is a file")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((q for q in out_dir.parents if q.exists() and not q.is_dir()), None)
+        raise NotADirectoryError(f"out_dir {out_dir} cannot be created: {blocker} is a file, not a "
+                                 f"folder") from None
+    except OSError as err:
+        raise OSError(err.errno, f"out_dir {out_dir} cannot be created: {err.strerror}") from None
+    probe = out_dir / f".write-test-{os.getpid()}.tmp"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"cemlib")
+        probe.unlink()
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        cause = "no space left on device" if err.errno == errno.ENOSPC else err.strerror
+        raise OSError(err.errno, f"out_dir {out_dir} is not writable ({cause}); results and "
+                                 f"checkpoints could not be saved") from None
+    ckpt.remove_stale_tmp(out_dir)
+    return out_dir
+
+
+def _utc(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def choose_precision(precision: str, device: torch.device) -> str:
@@ -56,11 +117,14 @@ class Trainer:
     the end and ``last_good.pt`` when a NaN/Inf stops the run. ``command`` is recorded in the
     results as the exact reproduce command. ``strategy`` is ``"ddp"`` or ``"fsdp"`` under torchrun.
     ``loss_fn(model, *batch)``, if given, replaces the task's training loss (not its metrics).
+    ``started_at`` (``time.time()``) is when the run began (process start or the
+    :func:`~cemlib.train.experiments.run_experiment` call; default: now), for the start-up time in
+    the results; ``notes`` are lines recorded in the results (e.g. a clamped warm-up).
     """
 
     def __init__(self, model: nn.Module, task: Task | TokenBatches, *args, out_dir: str | Path | None = None,
                  loss_fn: Callable | None = None, command: str | None = None, strategy: str = "ddp",
-                 verbose: bool = True):
+                 verbose: bool = True, started_at: float | None = None, notes: list[str] | None = None):
         if isinstance(task, TokenBatches) and len(args) == 2 and isinstance(args[0], TokenBatches):
             val, cfg = args
             task = LanguageModelTask(task, val, eval_batches=cfg.train.eval_batches)
@@ -79,8 +143,13 @@ class Trainer:
             raise NotADirectoryError(f"out_dir must be a folder (it receives results.json and "
                                      f"checkpoints), but {self.out_dir} is a file")
         self.verbose = verbose
+        self.started_at = time.time() if started_at is None else float(started_at)
+        self.started_from = "Trainer construction" if started_at is None else "given start time"
+        self.notes = list(notes or [])
         tc = cfg.train
         self.dist: DistInfo = init_distributed(default_device(tc.device))
+        if self.out_dir is not None and self.dist.is_main:
+            prepare_out_dir(self.out_dir)  # before any step: an unusable --out fails at once
         self.device = self.dist.device
         self.micro = micro_batch_size(tc, self.dist.world_size)
         self.train_data = task.train
@@ -102,6 +171,12 @@ class Trainer:
         elif tc.compile and self.dist.is_main:
             print("note: train.compile is honoured on CUDA only; running eagerly", file=sys.stderr)
         self.step, self.history, self.train_time, self.timed_tokens = 0, {"train": [], "eval": []}, 0.0, 0
+        # wall time of the training loops and start-up of earlier segments (restored on resume)
+        self._wall_done, self._startup_done, self._segments, self._first_start = 0.0, 0.0, 0, None
+        self._t_loop: float | None = None
+        self._signal: int | None = None
+        self._whole_val: dict | None = None
+        self._final_eval_s: float | None = None
         seed_everything(tc.seed + 1 + self.dist.rank)  # dropout stream, distinct per process
 
     # ----------------------------------------------------------------------------- helpers
@@ -119,7 +194,7 @@ class Trainer:
     def _named_params(self):
         return list(unwrap_model(self.model).named_parameters())
 
-    def _first_nonfinite(self) -> str:
+    def _first_nonfinite(self, default: str = "no parameter (the loss itself)") -> str:
         def finite(t):  # FSDP holds DTensor shards: check the full tensor
             return bool(torch.isfinite(t.full_tensor() if hasattr(t, "full_tensor") else t).all())
         for name, p in self._named_params():
@@ -128,7 +203,16 @@ class Trainer:
         for name, p in self._named_params():
             if p.grad is not None and not finite(p.grad):
                 return f"parameter {name!r} (its gradient)"
-        return "no parameter (the loss itself)"
+        return default
+
+    def _wall_total(self) -> float:
+        """Wall time of the training loops so far, all segments (resumes) together."""
+        return self._wall_done + (time.perf_counter() - self._t_loop if self._t_loop is not None else 0.0)
+
+    def _timing_state(self) -> dict:
+        return {"train_time": self.train_time, "timed_tokens": self.timed_tokens,
+                "wall_time_s": self._wall_total(), "startup_s": self._startup_done,
+                "segments": self._segments, "start_utc": self._first_start}
 
     # ----------------------------------------------------------------------------- checkpoints
     def _state(self, rng: dict) -> dict:
@@ -148,7 +232,7 @@ class Trainer:
                 "data": {"position": self.step, "train": self.train_data.state_dict()},
                 "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
                 "config": self.cfg.to_dict(), "history": self.history,
-                "world_size": self.dist.world_size}
+                "world_size": self.dist.world_size, "timing": self._timing_state()}
 
     def save_checkpoint(self, path: str | Path, rng: dict | None = None) -> Path | None:
         """Write a checkpoint of the current state (every process calls; rank 0 writes)."""
@@ -183,6 +267,13 @@ class Trainer:
         self.skipped_steps = int(payload.get("skipped_steps", 0))
         self.step = int(payload["step"])
         self.history = payload.get("history", {"train": [], "eval": []})
+        timing = payload.get("timing") or {}  # cumulative over the segments before this one
+        self.train_time = float(timing.get("train_time", 0.0))
+        self.timed_tokens = int(timing.get("timed_tokens", 0))
+        self._wall_done = float(timing.get("wall_time_s", 0.0))
+        self._startup_done = float(timing.get("startup_s", 0.0))
+        self._segments = int(timing.get("segments", 0))
+        self._first_start = timing.get("start_utc")
         rngs = payload["rng"]
         if len(rngs) == self.dist.world_size:
             ckpt.set_rng_state(rngs[self.dist.rank])
@@ -197,19 +288,9 @@ class Trainer:
         self.model.eval()
         out, world = {}, self.dist.world_size
         for split in self.task.eval_splits:
-            acc = None
-            for weight, batch in self.task.eval_batches(split, self.micro, self.dist.rank, world,
-                                                        self.cfg.train.eval_batches):
-                batch = tuple(t.to(self.device) for t in batch)
-                with self._autocast():
-                    stats = self.task.eval_stats(self.model, batch, split)
-                if acc is None:
-                    acc = torch.zeros_like(stats)
-                if weight:
-                    acc += stats
-            if self.dist.enabled:
-                torch.distributed.all_reduce(acc)
-            for name, value in self.task.summarize(acc.tolist(), split).items():
+            batches = self.task.eval_batches(split, self.micro, self.dist.rank, world, self.cfg.train.eval_batches)
+            sums = self._summed_stats(batches, lambda b: self.task.eval_stats(self.model, b, split))
+            for name, value in self.task.summarize(sums, split).items():
                 out[f"{split}_{name}"] = value
         self.model.train()
         return out
@@ -263,7 +344,9 @@ class Trainer:
         """Train to ``cfg.train.max_steps`` (or stop early after step ``until`` with a checkpoint).
 
         ``resume`` continues from a checkpoint; on CPU the result is bit-identical to an
-        uninterrupted run. Raises :class:`NonFiniteError` on NaN/Inf after saving ``last_good.pt``.
+        uninterrupted run. Raises :class:`NonFiniteError` on NaN/Inf after saving ``last_good.pt``,
+        and :class:`TrainingInterrupted` after SIGINT / SIGTERM (checkpoint and results so far
+        saved). At ``max_steps`` the final model is also evaluated on the whole validation split.
         """
         tc = self.cfg.train
         if resume is not None:
@@ -273,41 +356,140 @@ class Trainer:
             raise ValueError(f"until={until} must lie between the current step {self.step} "
                              f"and train.max_steps={tc.max_steps}")
         show = (self.verbose and self.dist.is_main and sys.stderr.isatty() and not os.environ.get("CI"))
+        lines = self.verbose and self.dist.is_main and not show  # piped output: a line per log interval
         bar = tqdm(total=tc.max_steps, initial=self.step, disable=not show, dynamic_ncols=True,
                    desc=self.cfg.experiment)
         self.model.train()
-        t_start = time.perf_counter()
-        while self.step < stop:
-            rng = ckpt.rng_state()
-            self._maybe_evaluate()
-            lr = self.optimizer.param_groups[0]["lr"]
-            t0 = time.perf_counter()
-            loss, gnorm = self.train_step()
-            if not (math.isfinite(loss) and math.isfinite(gnorm)) and not self._skipped:
-                self._stop_nonfinite(loss, gnorm, rng)
-            dt = time.perf_counter() - t0
-            if self.step > 0 or stop == 1:  # the first step carries warm-up / compilation
-                self.train_time += dt
-                self.timed_tokens += self.tokens_per_step
-            self.step += 1
-            if self.step % tc.log_interval == 0 or self.step == stop:
-                self.history["train"].append({"step": self.step, "loss": loss, "grad_norm": gnorm,
-                                              "lr": lr})
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self._tokens_per_s():.0f}")
-            if self.out_dir is not None and tc.checkpoint_interval and self.step % tc.checkpoint_interval == 0:
-                self.save_checkpoint(self.out_dir / f"ckpt_{self.step:06d}.pt")
+        now = time.time()
+        self._first_start = self._first_start or _utc(self.started_at)
+        self._startup_done += max(0.0, now - self.started_at)
+        self._segments += 1
+        self._t_loop = time.perf_counter()
+        with self._catch_signals():
+            while self.step < stop:
+                rng = ckpt.rng_state()
+                try:
+                    self._maybe_evaluate()
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    t0 = time.perf_counter()
+                    loss, gnorm = self.train_step()
+                except ValueError as err:  # a layer's own finite check: report it as a NaN/Inf
+                    if not _LAYER_NONFINITE.search(str(err)):
+                        raise
+                    self._stop_nonfinite(float("nan"), float("nan"), rng, cause=str(err))
+                if not (math.isfinite(loss) and math.isfinite(gnorm)) and not self._skipped:
+                    self._stop_nonfinite(loss, gnorm, rng)
+                dt = time.perf_counter() - t0
+                if self.step > 0 or stop == 1:  # the first step carries warm-up / compilation
+                    self.train_time += dt
+                    self.timed_tokens += self.tokens_per_step
+                self.step += 1
+                if self.step % tc.log_interval == 0 or self.step == stop:
+                    self.history["train"].append({"step": self.step, "loss": loss, "grad_norm": gnorm,
+                                                  "lr": lr})
+                    if lines:
+                        print(f"step {self.step:>6}/{tc.max_steps}  loss {loss:.4f}  lr {lr:.3e}  "
+                              f"{self._tokens_per_s():.0f} tokens/s", flush=True)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self._tokens_per_s():.0f}")
+                if self.out_dir is not None and tc.checkpoint_interval \
+                        and self.step % tc.checkpoint_interval == 0:
+                    self.save_checkpoint(self.out_dir / f"ckpt_{self.step:06d}.pt")
+                if self.step < stop and self._stop_requested():
+                    break
         bar.close()
+        interrupted = self.step < stop
         if self.step == tc.max_steps:
             self._maybe_evaluate()
-        wall = time.perf_counter() - t_start
+        wall = self._wall_total()
+        self._wall_done, self._t_loop = wall, None
+        saved = None
         if self.out_dir is not None:
-            self.save_checkpoint(self.out_dir / ("last.pt" if self.step == tc.max_steps else
-                                                 f"ckpt_{self.step:06d}.pt"))
+            saved = self.save_checkpoint(self.out_dir / ("last.pt" if self.step == tc.max_steps else
+                                                         f"ckpt_{self.step:06d}.pt"))
+        if self.step == tc.max_steps:
+            t0 = time.perf_counter()
+            self._whole_val = self._final_whole_val()
+            self._final_eval_s = time.perf_counter() - t0
         results = self.results(wall)
-        if self.out_dir is not None and self.dist.is_main and self.step == tc.max_steps:
-            save_results(self.out_dir / "results.json", results)
+        written = None
+        if self.out_dir is not None and self.dist.is_main and (self.step == tc.max_steps or interrupted):
+            written = save_results(self.out_dir / "results.json", results)
+        if interrupted:
+            name = signal.Signals(self._signal).name if self._signal else "a signal"
+            where = (f"checkpoint {saved} and results {written or 'on rank 0'} saved; continue with "
+                     f"--resume {saved}") if saved else "nothing saved (no out_dir)"
+            raise TrainingInterrupted(f"{name} at step {self.step}/{tc.max_steps}: {where}",
+                                      int(self._signal or signal.SIGINT), self.step, saved, written)
         return results
+
+    @contextlib.contextmanager
+    def _catch_signals(self):
+        """While training, SIGINT / SIGTERM only set a flag; the loop stops after the current step
+        (a second signal raises ``KeyboardInterrupt`` at once). Main thread only."""
+        self._signal = None
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self._signal is not None:
+                raise KeyboardInterrupt
+            self._signal = signum
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                old[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):  # pragma: no cover - e.g. an embedded interpreter
+                pass
+        try:
+            yield
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h if h is not None else signal.SIG_DFL)
+
+    def _stop_requested(self) -> bool:
+        """Has a signal asked to stop? Under torchrun every process must agree (one all-reduce)."""
+        flag = self._signal is not None
+        if self.dist.enabled:
+            t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            if bool(t.item()) and self._signal is None:
+                self._signal = int(signal.SIGTERM)
+            flag = bool(t.item())
+        return flag
+
+    def _final_whole_val(self) -> dict:
+        """The final model's metrics on the whole validation split (``val_*`` keys)."""
+        if self.task.val_eval_is_whole:  # the periodic evaluation already covered all of it
+            last = self.history["eval"][-1] if self.history["eval"] else {}
+            return {k: v for k, v in last.items() if k.startswith("val_")}
+        return self.evaluate_whole("val")
+
+    @torch.no_grad()
+    def evaluate_whole(self, split: str = "val") -> dict:
+        """The task's metrics on the whole ``split`` (every example, or every token once)."""
+        self.model.eval()
+        batches = self.task.whole_batches(split, self.micro, self.dist.rank, self.dist.world_size)
+        sums = self._summed_stats(batches, lambda b: self.task.whole_stats(self.model, b, split))
+        self.model.train()
+        return {f"{split}_{k}": v for k, v in self.task.summarize_whole(sums, split).items()}
+
+    def _summed_stats(self, batches, stats_of) -> list:
+        """Sum ``stats_of(batch)`` over ``(weight, batch)`` pairs (a zero weight: a padding batch
+        that every process must still run, counted as nothing), then over processes."""
+        acc = None
+        for weight, batch in batches:
+            batch = tuple(t.to(self.device) for t in batch)
+            with self._autocast():
+                stats = stats_of(batch)
+            if acc is None:
+                acc = torch.zeros_like(stats)
+            if weight:
+                acc += stats
+        if self.dist.enabled:
+            torch.distributed.all_reduce(acc)
+        return acc.tolist()
 
     def _maybe_evaluate(self) -> None:
         tc = self.cfg.train
@@ -321,21 +503,31 @@ class Trainer:
                 print(f"step {self.step:>6}/{tc.max_steps}  train {ev['train_loss']:.4f}  "
                       f"val {ev['val_loss']:.4f}{extra}", flush=True)
 
-    def _stop_nonfinite(self, loss: float, gnorm: float, rng: dict) -> None:
-        where = self._first_nonfinite()
+    def _stop_nonfinite(self, loss: float, gnorm: float, rng: dict, cause: str | None = None) -> None:
+        where = self._first_nonfinite("no parameter (the loss itself)" if cause is None else
+                                      "no parameter (the activations)")
         self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
         saved = "no checkpoint saved (out_dir not set)"
         if self.out_dir is not None:
             path = self.save_checkpoint(self.out_dir / "last_good.pt", rng=rng)
             saved = f"last good state (before step {self.step}) saved to {path.name}"
-        raise NonFiniteError(f"non-finite values at step {self.step}: loss {loss}, gradient norm "
-                             f"{gnorm}; first offending: {where}; {saved}")
+        what = f"loss {loss}, gradient norm {gnorm}" if cause is None else \
+            f"a layer's finite check found them in the forward pass ({cause})"
+        raise NonFiniteError(f"non-finite values at step {self.step}: {what}; first offending: {where}; "
+                             f"{saved}")
 
     def _tokens_per_s(self) -> float:
         return self.timed_tokens / self.train_time if self.train_time > 0 else 0.0
 
     def results(self, wall_time_s: float) -> dict:
-        """The results dictionary (see :mod:`cemlib.train.results`)."""
+        """The results dictionary (see :mod:`cemlib.train.results`).
+
+        Besides the metrics of the periodic evaluations, ``metrics["final_whole_val"]`` holds the
+        final model's metrics on the whole validation split and ``metrics["estimates"]`` says in
+        words what each number is computed on; ``timing`` holds the wall-clock start and end, the
+        start-up time before the first step and the time of the final evaluation; ``status`` is
+        ``"complete"``, ``"interrupted"`` (a signal) or ``"partial"`` (stopped at ``until``)."""
         tc = self.cfg.train
         device, versions = environment_info(self.device, self.dist.world_size)
         peak_tflops, peak_source = tc.peak_tflops, "train.peak_tflops"
@@ -368,9 +560,29 @@ class Trainer:
             "precision": {"bf16": "bf16-autocast", "fp16": "fp16-autocast+grad-scaler",
                           "fp32": "fp32"}[self.precision],
         }
+        sample = self.task.estimate("val", self.micro)
+        whole = self.task.estimate("val", self.micro, whole=True)
+        train_est = self.task.estimate("train", self.micro)
+        metrics["final_whole_val"] = self._whole_val
+        metrics["estimates"] = {
+            "final_val_loss": sample, "best_val_loss": sample, "initial_val_loss": sample,
+            "final": f"val_*: {sample}; train_*: {train_est}", "curves.eval": f"val_*: {sample}; "
+            f"train_*: {train_est}", "final_train_loss": train_est,
+            "final_whole_val": whole if self._whole_val is not None else "not evaluated (the run "
+                                                                          "stopped before max_steps)",
+            "tokens_per_s": "training steps only (step 0, which carries the warm-up, excluded), all "
+                            "segments",
+            "wall_time_s": "the training loops with their periodic evaluations, all segments; "
+                           "start-up and the final whole-split evaluation are in timing"}
+        status = "complete" if self.step == tc.max_steps else (
+            "interrupted" if self._signal is not None else "partial")
+        timing = {"start_utc": self._first_start or _utc(self.started_at), "end_utc": _utc(time.time()),
+                  "startup_s": self._startup_done, "startup_from": self.started_from,
+                  "wall_time_s": wall_time_s, "final_eval_s": self._final_eval_s,
+                  "segments": self._segments}
         return {"schema": SCHEMA, "experiment": self.cfg.experiment, "preset": self.cfg.preset,
                 "config": self.cfg.to_dict(), "task": self.task.describe(), "metrics": metrics,
                 "curves": self.history,
                 "num_parameters": self.num_parameters, "model_class": type(self.raw_model).__name__,
                 "device": device, "versions": versions, "git_commit": git_commit(),
-                "command": self.command}
+                "command": self.command, "status": status, "timing": timing, "notes": self.notes}

@@ -1,0 +1,33 @@
+"""Which path the fused attention kernels take for CEM's extra query/key pair (eq. 12's diagonal).
+
+A leaf module: :mod:`cemlib.kernels.dispatch`, :mod:`cemlib.kernels.ops` and
+:mod:`cemlib.kernels.tied_attention_triton` all import it, and it imports none of them, so the
+kernels package has no import cycle.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_TILE_EXTRA", "extra_path"]
+
+MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
+
+
+def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str | None:
+    """How the Triton attention handles the extra query/key pair (CEM eq. 12's diagonal term):
+
+    - ``None``: no extra pair;
+    - ``"tile"``: in the kernels' register tiles, next to each head's queries and keys (an
+      extra width up to :data:`MAX_TILE_EXTRA` runs efficiently; wider is correct but spills);
+    - ``"logits"``: a head-shared pair (``q_extra`` of shape (B, L, D_e)) wider than that. Its
+      logits ``scale q_extra k_extra^T`` are the same for every head, so they are one batched
+      GEMM (B, L, L) that the kernels add tile by tile, and the head-summed extra values
+      ``(sum_k P_k) k_extra`` another: O(B L^2) memory instead of the reference's O(B K L^2),
+      and no per-head work at the extra width. It cannot return per-head extra values, so it
+      is used without ``extra_values`` or with ``extra_head_sum``.
+    """
+    if q_extra is None:
+        return None
+    wide = q_extra.shape[-1] > MAX_TILE_EXTRA
+    if wide and q_extra.dim() == 3 and (not extra_values or extra_head_sum):
+        return "logits"
+    return "tile"
