@@ -1,0 +1,193 @@
+"""Per-token energy trajectories of a random NRGPT block, their small multiples and a live explorer
+(the NRGPT chapter; Dehmamy et al. 2025, NRGPT, §2.3, Prop. 2.1, Fig. 2).
+
+A seeded random-init :class:`~cemlib.layers.nrgpt.NRGPTBlock` (float64, an unconstrained rate
+matrix, a frozen normalisation gain ``gamma_i = exp(s z_i)`` whose log-spread ``s`` the reader
+sets) is run for ``steps`` steps with ``eta = c diag(gamma)`` (Prop. 2.1) or ``eta = c I`` (which
+Prop. 2.1 covers only when ``gamma`` is uniform), and the energy ``E_A(t)`` of every token is
+recorded. The explorer needs a running kernel; its static companion is
+:func:`token_energy_small_multiples`, which needs none. The plot is rendered to PNG bytes in an
+``ipywidgets.Image`` so the notebook cell emits only a short deterministic ``repr``.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import torch
+
+from cemlib.layers.nrgpt import NRGPTBlock
+from cemlib.utils import check_positive_int
+
+__all__ = ["RATE_CHOICES", "random_block", "token_energy_trajectories", "count_rises",
+           "plot_token_energies", "token_energy_small_multiples", "render_token_energy_png",
+           "token_energy_explorer"]
+
+RATE_CHOICES = {"gamma": r"$\eta=c\,\mathrm{diag}(\gamma)$", "identity": r"$\eta=c\,\mathbf{I}$"}
+
+
+def random_block(d_model: int = 16, n_tokens: int = 8, n_heads: int = 2, gamma_spread: float = 0.0,
+                 seed: int = 0, init_std: float = 0.3, ff: str = "ff2w", norm: str = "layernorm"):
+    """``(block, x0)``: a seeded float64 :class:`NRGPTBlock` (``rate="matrix"``, gain frozen at
+    ``exp(gamma_spread * z)`` with ``z ~ N(0, 1)``) and a start state ``x0`` of shape ``(1, N, D)``."""
+    check_positive_int(n_tokens, "n_tokens")
+    if not gamma_spread >= 0:
+        raise ValueError(f"gamma_spread must be >= 0, got {gamma_spread!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        block = NRGPTBlock(d_model, n_heads, ff=ff, norm=norm, learn_gain=False, rate="matrix",
+                           init_std=init_std).double()
+    if block.gain is not None:
+        z = torch.randn(d_model, generator=gen, dtype=torch.float64)
+        block.gain.copy_(torch.exp(gamma_spread * z))
+    x0 = torch.randn(1, n_tokens, d_model, generator=gen, dtype=torch.float64)
+    return block, x0
+
+
+def token_energy_trajectories(block: NRGPTBlock, x0: torch.Tensor, c: float, steps: int,
+                              rate: str = "gamma") -> torch.Tensor:
+    """Run ``steps`` steps with ``eta = c diag(gamma)`` (``rate="gamma"``) or ``c I``
+    (``"identity"``) and return the per-token energies, shape ``(steps + 1, N)`` (first sequence).
+    ``block`` must have ``rate="matrix"``; its ``eta`` is overwritten."""
+    if rate not in RATE_CHOICES:
+        raise ValueError(f"rate must be one of {tuple(RATE_CHOICES)}, got {rate!r}")
+    if block.rate != "matrix":
+        raise ValueError("token_energy_trajectories needs a block with rate='matrix'")
+    if not c > 0:
+        raise ValueError(f"c must be positive, got {c!r}")
+    D = block.d_model
+    gamma = block.gain if (rate == "gamma" and block.gain is not None) else block.eta.new_ones(D)
+    with torch.no_grad():
+        block.eta.copy_(c * torch.diag(gamma.to(block.eta.dtype)))
+        _, E = block.run(x0, check_positive_int(steps, "steps"), return_energies=True)
+    return E[:, 0]
+
+
+def count_rises(E: torch.Tensor, rtol: float = 1e-9) -> torch.Tensor:
+    """Boolean ``(steps, N)``: the energy of token ``A`` rose at step ``t`` (beyond round-off)."""
+    dE = E[1:] - E[:-1]
+    return dE > rtol * E[:-1].abs().clamp_min(1.0)
+
+
+def plot_token_energies(ax, E: torch.Tensor, title: str | None = None, legend: bool = False) -> int:
+    """Plot ``E_A(t) - E_A(0)`` for every token (colour = position ``A``), mark each rise with a red
+    dot, and return the number of (token, step) rises."""
+    import matplotlib as mpl
+
+    N = E.shape[1]
+    cmap = mpl.colormaps["viridis"]
+    dE = (E - E[0]).numpy()
+    t = range(E.shape[0])
+    for a in range(N):
+        ax.plot(t, dE[:, a], color=cmap(a / max(N - 1, 1)), lw=1.2)
+    rises = count_rises(E)
+    ts, as_ = rises.nonzero(as_tuple=True)
+    if len(ts):
+        ax.plot((ts + 1).numpy(), dE[(ts + 1).numpy(), as_.numpy()], "o", color="#d62728", ms=3.5,
+                label="energy rose at this step")
+    ax.set_xlabel("step $t$")
+    ax.set_ylabel(r"$E_A(t)-E_A(0)$ (dimensionless)")
+    if title:
+        ax.set_title(title)
+    if legend and len(ts):
+        ax.legend(loc="upper right")
+    return int(rises.sum())
+
+
+def token_energy_small_multiples(cs, rates=("gamma", "identity"), gamma_spread: float = 1.0,
+                                 steps: int = 30, figsize=None, **block_kwargs):
+    """Static companion of the explorer: one panel per (rate, c), rows = rates, columns = ``cs``;
+    returns ``(fig, rises)`` with ``rises[rate][c]`` the number of (token, step) rises."""
+    import matplotlib.pyplot as plt
+
+    rows, cols = len(rates), len(cs)
+    fig, axes = plt.subplots(rows, cols, figsize=figsize or (3.0 * cols, 2.6 * rows), squeeze=False,
+                             sharex=True, layout="constrained")
+    rises = {}
+    for i, rate in enumerate(rates):
+        rises[rate] = {}
+        for j, c in enumerate(cs):
+            block, x0 = random_block(gamma_spread=gamma_spread, **block_kwargs)
+            E = token_energy_trajectories(block, x0, c, steps, rate)
+            ax = axes[i, j]
+            rises[rate][c] = plot_token_energies(ax, E, title=f"{RATE_CHOICES[rate]}, $c={c:g}$")
+            if j:
+                ax.set_ylabel("")
+            if i < rows - 1:
+                ax.set_xlabel("")
+    return fig, rises
+
+
+def render_token_energy_png(c: float, gamma_spread: float, steps: int, rate: str = "gamma",
+                            figsize=(5.6, 3.4), dpi: int = 80, **block_kwargs) -> tuple[bytes, int, int]:
+    """One panel as PNG bytes (for the explorer), its number of (token, step) rises and the number
+    of rises of the first token (which has no earlier token to wait for)."""
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from cemlib.viz.style import STYLE_PATH
+
+    block, x0 = random_block(gamma_spread=gamma_spread, **block_kwargs)
+    E = token_energy_trajectories(block, x0, c, steps, rate)
+    with matplotlib.style.context(STYLE_PATH):
+        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        n = plot_token_energies(ax, E, title=f"{RATE_CHOICES[rate]}, $c={c:.3g}$, "
+                                             rf"$\log\gamma$ spread $s={gamma_spread:.2g}$", legend=True)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+    return buf.getvalue(), n, int(count_rises(E)[:, 0].sum())
+
+
+@functools.lru_cache(maxsize=None)
+def _explorer_class():
+    import ipywidgets as W
+
+    from cemlib.viz.widgets import control_columns, kernel_note
+
+    class TokenEnergyExplorer(W.VBox):
+        """Step size c, gain spread s, number of steps and the rate; the trajectories below."""
+
+        def __init__(self, c, gamma_spread, steps, rate, block_kwargs):
+            self.block_kwargs = block_kwargs
+            st = {"description_width": "initial"}
+            self.c = W.FloatLogSlider(value=c, base=10, min=-2.5, max=2, step=0.1,
+                                      description="step size c", style=st)
+            self.spread = W.FloatSlider(value=gamma_spread, min=0.0, max=2.0, step=0.1,
+                                        description="log-γ spread s", style=st)
+            self.steps = W.IntSlider(value=steps, min=1, max=100, description="steps", style=st)
+            self.rate = W.Dropdown(options=[("η = c diag(γ)", "gamma"), ("η = c I", "identity")],
+                                   value=rate, description="inference rate", style=st)
+            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
+            self.info = W.Label()
+            controls = control_columns([self.c, self.spread], [self.steps, self.rate])
+            super().__init__(children=[kernel_note(), controls, self.image, self.info])
+            for w in (self.c, self.spread, self.steps, self.rate):
+                w.observe(self._redraw, names="value")
+            self._redraw()
+
+        def _redraw(self, change=None):
+            png, n, n1 = render_token_energy_png(self.c.value, self.spread.value, self.steps.value,
+                                                 self.rate.value, **self.block_kwargs)
+            self.image.value = png
+            self.rises, self.first_rises = n, n1
+            self.info.value = (f"energy rose at {n} (token, step) pairs; "
+                               f"the first token's energy rose at {n1} steps")
+
+        def __repr__(self):
+            return (f"TokenEnergyExplorer(c={self.c.value:.3g}, spread={self.spread.value:.3g}, "
+                    f"steps={self.steps.value}, rate={self.rate.value!r})")
+
+    return TokenEnergyExplorer
+
+
+def token_energy_explorer(c: float = 0.1, gamma_spread: float = 1.0, steps: int = 30, rate: str = "gamma",
+                          **block_kwargs):
+    """The live explorer (ipywidgets; needs a running kernel: Jupyter or Colab)."""
+    if rate not in RATE_CHOICES:
+        raise ValueError(f"rate must be one of {tuple(RATE_CHOICES)}, got {rate!r}")
+    return _explorer_class()(float(c), float(gamma_spread), int(steps), rate, dict(block_kwargs))

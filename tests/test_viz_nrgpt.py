@@ -1,0 +1,73 @@
+"""Tests of the NRGPT token-energy trajectories, their small multiples and the live explorer (Agg)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from cemlib.viz import nrgpt as V  # noqa: E402
+
+f64 = torch.float64
+
+
+def test_random_block_is_seeded_and_sets_the_gain():
+    b1, x1 = V.random_block(d_model=8, n_tokens=4, gamma_spread=1.0, seed=3)
+    b2, x2 = V.random_block(d_model=8, n_tokens=4, gamma_spread=1.0, seed=3)
+    assert x1.shape == (1, 4, 8) and x1.dtype == f64
+    torch.testing.assert_close(x1, x2)
+    torch.testing.assert_close(b1.J, b2.J)
+    assert not torch.allclose(b1.gain, torch.ones(8, dtype=f64))
+    b0, _ = V.random_block(d_model=8, n_tokens=4, gamma_spread=0.0, seed=3)
+    torch.testing.assert_close(b0.gain, torch.ones(8, dtype=f64))
+    with pytest.raises(ValueError):
+        V.random_block(gamma_spread=-1.0)
+
+
+def test_trajectories_match_the_block_run_with_the_chosen_rate():
+    b, x0 = V.random_block(d_model=8, n_tokens=5, gamma_spread=0.7, seed=1)
+    E = V.token_energy_trajectories(b, x0, 0.2, 6, "gamma")
+    assert E.shape == (7, 5)
+    torch.testing.assert_close(b.eta, 0.2 * torch.diag(b.gain))
+    x = x0
+    with torch.no_grad():
+        for t in range(6):
+            torch.testing.assert_close(E[t], b.energy(x)[0])
+            x = x - b.grad_g(b.normalize(x)) @ (0.2 * torch.diag(b.gain)).T
+    V.token_energy_trajectories(b, x0, 0.2, 2, "identity")
+    torch.testing.assert_close(b.eta, 0.2 * torch.eye(8, dtype=f64))
+    with pytest.raises(ValueError):
+        V.token_energy_trajectories(b, x0, 0.2, 2, "other")
+    with pytest.raises(ValueError):
+        V.token_energy_trajectories(b, x0, -1.0, 2)
+
+
+def test_count_rises():
+    E = torch.tensor([[0.0, 1.0], [-1.0, 2.0], [-1.0, 1.5]], dtype=f64)
+    r = V.count_rises(E)
+    assert r.tolist() == [[False, True], [False, False]]
+
+
+def test_small_multiples_panels_and_counts():
+    fig, rises = V.token_energy_small_multiples([0.01, 1.0], gamma_spread=0.0, steps=5, d_model=8, n_tokens=4)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 4
+    assert set(rises) == {"gamma", "identity"}
+    # with a uniform gain the two rates are the same matrix, so the counts agree
+    assert rises["gamma"] == rises["identity"]
+    assert all(len(ax.lines) >= 4 for ax in panels)
+    assert "step" in panels[-1].get_xlabel()
+
+
+def test_explorer_reacts_to_sliders():
+    pytest.importorskip("ipywidgets")
+    w = V.token_energy_explorer(c=0.05, gamma_spread=0.0, steps=5, d_model=8, n_tokens=4)
+    png0 = w.image.value
+    assert png0[:4] == b"\x89PNG" and "rose" in w.info.value
+    assert repr(w) == "TokenEnergyExplorer(c=0.05, spread=0, steps=5, rate='gamma')"
+    w.spread.value = 1.5
+    w.rate.value = "identity"
+    assert w.image.value != png0
+    with pytest.raises(ValueError):
+        V.token_energy_explorer(rate="bad")
