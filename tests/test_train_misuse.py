@@ -402,6 +402,18 @@ def test_final_evaluation_on_the_whole_validation_split(tmp_path):
     assert n == val.numel() - 1
 
 
+def test_the_whole_split_evaluation_can_be_turned_off(tmp_path):
+    """Where a forward pass is expensive (the Triton interpreter on a CPU), a run may skip it; the
+    results then say so instead of holding a stale or missing number without a word."""
+    res = make_trainer(tmp_path, model=Bigram(), context_length=7, final_whole_eval=False).fit()
+    m = res["metrics"]
+    assert m["final_whole_val"] is None
+    assert m["estimates"]["final_whole_val"] == "not evaluated (train.final_whole_eval is false)"
+    assert res["timing"]["final_eval_s"] is None
+    with pytest.raises(ConfigError, match="final_whole_eval"):
+        TrainConfig(final_whole_eval="no")
+
+
 def test_fixed_dataset_tasks_say_their_val_metrics_are_whole():
     cfg = get_config("gp-gated", "cpu", ["train.max_steps=2", "train.eval_interval=2", "train.batch_size=10",
                                          "task.n_train=40", "model.d_model=8", "model.d_ff=8"])

@@ -94,6 +94,9 @@ class TrainConfig:
     :func:`resolve_precision`): ``auto`` is bf16 autocast on a CUDA GPU with bf16, fp16 autocast
     with a gradient scaler on one without (Colab's T4), float32 elsewhere. ``compile`` applies ``torch.compile`` on CUDA only.
     ``peak_tflops`` overrides the peak used for MFU (else a table of known GPUs; CPU has none).
+    ``final_whole_eval`` evaluates the final model once more on the whole validation split
+    (``metrics["final_whole_val"]``); turn it off where a forward pass is expensive (the Triton
+    interpreter on a CPU, for instance).
     """
 
     max_steps: int = 1000
@@ -109,8 +112,11 @@ class TrainConfig:
     compile: bool = False
     device: str | None = None
     peak_tflops: float | None = None
+    final_whole_eval: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.final_whole_eval, bool):
+            raise ConfigError(f"train.final_whole_eval must be true or false, got {self.final_whole_eval!r}")
         for name in ("max_steps", "batch_size", "grad_accum", "context_length", "eval_interval",
                      "eval_batches", "log_interval"):
             _pos_int(getattr(self, name), f"train.{name}")

@@ -407,7 +407,7 @@ class Trainer:
         if self.out_dir is not None:
             saved = self.save_checkpoint(self.out_dir / ("last.pt" if self.step == tc.max_steps else
                                                          f"ckpt_{self.step:06d}.pt"))
-        if self.step == tc.max_steps:
+        if self.step == tc.max_steps and tc.final_whole_eval:
             t0 = time.perf_counter()
             self._whole_val = self._final_whole_val()
             self._final_eval_s = time.perf_counter() - t0
@@ -568,8 +568,9 @@ class Trainer:
             "final_val_loss": sample, "best_val_loss": sample, "initial_val_loss": sample,
             "final": f"val_*: {sample}; train_*: {train_est}", "curves.eval": f"val_*: {sample}; "
             f"train_*: {train_est}", "final_train_loss": train_est,
-            "final_whole_val": whole if self._whole_val is not None else "not evaluated (the run "
-                                                                          "stopped before max_steps)",
+            "final_whole_val": whole if self._whole_val is not None else (
+                "not evaluated (train.final_whole_eval is false)" if not self.cfg.train.final_whole_eval
+                else "not evaluated (the run stopped before max_steps)"),
             "tokens_per_s": "training steps only (step 0, which carries the warm-up, excluded), all "
                             "segments",
             "wall_time_s": "the training loops with their periodic evaluations, all segments; "
