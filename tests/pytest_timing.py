@@ -1,7 +1,9 @@
 """pytest plugin (loaded with ``-p pytest_timing``, see pyproject.toml): prints the time each part
-of the suite took -- unit tests, kernels, training engine, chapters -- at the end of every run."""
+of the suite took -- unit tests, kernels, training engine, chapters -- and each chapter, at the end
+of every run. A chapter must execute in at most 3 minutes on CI's 2-core machine."""
 
 _PART_SECONDS: dict[str, float] = {}
+_CHAPTER_SECONDS: dict[str, float] = {}
 
 
 def _part(nodeid: str) -> str:
@@ -22,7 +24,12 @@ def _part(nodeid: str) -> str:
 
 def pytest_runtest_logreport(report):
     part = _part(report.nodeid)
-    _PART_SECONDS[part] = _PART_SECONDS.get(part, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+    secs = float(getattr(report, "duration", 0.0) or 0.0)
+    _PART_SECONDS[part] = _PART_SECONDS.get(part, 0.0) + secs
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):
+        name = path.rsplit("/", 1)[-1]
+        _CHAPTER_SECONDS[name] = _CHAPTER_SECONDS.get(name, 0.0) + secs
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -31,5 +38,9 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("time per part")
     for part, secs in sorted(_PART_SECONDS.items()):
         terminalreporter.write_line(f"{part:40s} {secs:8.1f} s")
+    if _CHAPTER_SECONDS:
+        terminalreporter.section("time per chapter (nbval)")
+        for name, secs in sorted(_CHAPTER_SECONDS.items()):
+            terminalreporter.write_line(f"{name:40s} {secs:8.1f} s")
 
 
