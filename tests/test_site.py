@@ -87,6 +87,21 @@ def test_chapter_opens_with_prose(path):
     assert opening_problems(nbformat.read(path, as_version=4)) == []
 
 
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_numbered_figures_are_shown(path):
+    """A figure cell (caption and name in its ``mystnb.figure`` metadata) must keep an image or HTML
+    output and must not be tagged remove-output: that tag deletes the numbered figure from the site."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        fig = cell.get("metadata", {}).get("mystnb", {}).get("figure")
+        if not fig:
+            continue
+        assert fig.get("name") and fig.get("caption"), f"{path.name} cell {i}: a figure needs a name and a caption"
+        assert "remove-output" not in _tags(cell), f"{path.name} cell {i}: remove-output hides {fig['name']}"
+        shown = [o for o in cell.get("outputs", []) if {"image/png", "text/html"} & set(o.get("data", {}))]
+        assert shown, f"{path.name} cell {i}: {fig['name']} has no image or HTML output"
+
+
 def test_sync_colab_writes_badge_and_install_cell_and_touches_nothing_else(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# A chapter\n\nSome prose."),
