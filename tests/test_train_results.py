@@ -124,3 +124,10 @@ def test_git_commit_outside_a_repository(tmp_path, monkeypatch):
     assert git_commit(tmp_path) is None
     monkeypatch.setenv("CEMLIB_GIT_COMMIT", "0123abc")
     assert git_commit(tmp_path) == "0123abc"
+
+
+def test_device_name_is_the_gpu_name_or_the_device_type():
+    from cemlib.train.results import device_name
+
+    assert device_name({"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}}) == "NVIDIA H100 80GB HBM3"
+    assert device_name({"device": {"type": "cpu", "name": "AMD EPYC"}}) == "CPU"

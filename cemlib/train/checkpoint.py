@@ -108,6 +108,11 @@ def _write_file(path: Path, data) -> None:
         os.fsync(f.fileno())
 
 
+def os_error_cause(err: OSError) -> str:
+    """The cause of a failed write in words ("no space left on device" for a full disk)."""
+    return "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
+
+
 def atomic_write_bytes(path: str | Path, data, what: str = "file") -> Path:
     """Write ``data`` to ``path.tmp`` and rename it to ``path``. On failure the temporary file is
     removed, any previous ``path`` stays as it was, and the error names the file and the cause."""
@@ -123,8 +128,7 @@ def atomic_write_bytes(path: str | Path, data, what: str = "file") -> Path:
         except OSError:
             pass
         kept = f"; the previous {path.name} is intact" if path.exists() else ""
-        cause = "no space left on device" if err.errno == errno.ENOSPC else (err.strerror or str(err))
-        raise OSError(err.errno, f"cannot write the {what} {path}: {cause}{kept}") from err
+        raise OSError(err.errno, f"cannot write the {what} {path}: {os_error_cause(err)}{kept}") from err
     return path
 
 

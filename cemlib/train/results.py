@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["SCHEMA", "environment_info", "git_commit", "save_results", "load_results", "plot_curves",
-           "ResultsError"]
+           "device_name", "ResultsError"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
@@ -117,11 +117,17 @@ def load_results(path: str | Path) -> dict:
     return data
 
 
+def device_name(res: dict) -> str:
+    """Where a result ran, for labels: the GPU's name on CUDA (``"NVIDIA H100 80GB HBM3"``), else
+    the device type in capitals (``"CPU"``)."""
+    dev = res["device"]
+    return dev["name"] if dev["type"] == "cuda" else dev["type"].upper()
+
+
 def _label(res: dict) -> str:
     dev = res["device"]
-    where = dev["name"] if dev["type"] == "cuda" else dev["type"].upper()
     n = f"{dev['count']}x " if dev.get("count", 1) > 1 else ""
-    return f"{res['experiment']} ({res['preset']}, {n}{where})"
+    return f"{res['experiment']} ({res['preset']}, {n}{device_name(res)})"
 
 
 def plot_curves(results: list[dict], ax=None, split: str = "val", labels: list[str] | None = None):

@@ -18,7 +18,6 @@ with two :class:`~cemlib.train.data.TokenBatches` is language modelling (the ori
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import os
 import re
@@ -92,8 +91,7 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     except OSError as err:
         with contextlib.suppress(OSError):
             probe.unlink()
-        cause = "no space left on device" if err.errno == errno.ENOSPC else err.strerror
-        raise OSError(err.errno, f"out_dir {out_dir} is not writable ({cause}); results and "
+        raise OSError(err.errno, f"out_dir {out_dir} is not writable ({ckpt.os_error_cause(err)}); results and "
                                  f"checkpoints could not be saved") from None
     ckpt.remove_stale_tmp(out_dir)
     return out_dir
