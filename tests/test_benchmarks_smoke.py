@@ -35,3 +35,22 @@ def test_train_step_benchmark_smoke(tmp_path):
               "--context", "16", "--batch", "2", "--warmup", "1", "--iters", "2"], tmp_path, "train")
     text = json.dumps(d)
     assert "tokens_per_s" in text and "llama" in text.lower() and "cem" in text.lower()
+
+
+def test_cpu_speed_benchmark_smoke(tmp_path):
+    d = _run(["benchmarks/cpu_speed.py", "--rounds", "2", "--steps", "1", "--warmup", "0"],
+             tmp_path, "cpu_speed")
+    rows = {r["key"]: r for r in d["rows"]}
+    assert list(rows) == ["gpt", "llama", "cem", "cem-t2"]
+    assert rows["llama"]["ratio_to_llama"] == 1.0 and rows["gpt"]["ratio_to_gpt"] == 1.0
+    for r in rows.values():
+        assert len(r["step_s_per_round"]) == 2 and r["tokens_per_s"] > 0
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["context_length"] / r["median_step_s"])
+        assert r["saved_activation_bytes"] > 0
+    # the models are the trained ones: same parameter counts as the stored cpu results
+    stored = json.loads((ROOT / "book/results/shakespeare_blocks_cpu/shakespeare_llama__seed0.json").read_text())
+    assert rows["llama"]["params"] == stored["num_parameters"]
+    # T = 2 keeps the keys/values and gamma of step 1 but saves a second step's activations
+    assert rows["cem-t2"]["saved_activation_bytes"] > rows["cem"]["saved_activation_bytes"]
+    assert {(g["variant"], g["reference"]) for g in d["goals"]} == {("llama", "gpt"), ("cem", "llama"),
+                                                                    ("cem-t2", "llama")}

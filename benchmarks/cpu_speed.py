@@ -1,0 +1,185 @@
+"""CPU training speed of the book's Shakespeare models against a nanoGPT-layout GPT, as ratios.
+
+Every chapter and every CI run trains these models on a CPU, so their CPU speed matters. This script
+builds each model exactly as the trainer does (``cemlib.train.experiments.get_config`` / ``build``,
+cpu preset, same width, depth, heads, context and batch) and times one full training step: forward,
+cross-entropy, backward, gradient clipping and the AdamW update, on a fixed random batch (the time
+does not depend on the data).
+
+Timing is *interleaved*: each round times every model for ``--steps`` steps in turn (the order
+rotates every round), so a slow phase of a shared machine hits all models alike. Reported per model:
+the median step time over rounds (each round's value is the median of its steps), tokens/s
+(tokens per step over that median), and
+the median over rounds of the per-round ratio of its tokens/s to the Llama baseline's (and to the
+GPT's). Also recorded, because it does not depend on the machine's load: the bytes of activations
+saved for the backward pass per step (summed through ``torch.autograd.graph.saved_tensors_hooks``),
+the parameter count and the forward FLOPs per token.
+
+The goals (issue "the model code's speed on CPU"): Llama >= 1.0x the GPT's tokens/s; full CEM with
+T = 1 >= 0.9x Llama; T = 2 >= 0.55x Llama. The JSON records each ratio next to its goal::
+
+    python benchmarks/cpu_speed.py                      # -> benchmarks/results/cpu_speed.json
+    python benchmarks/cpu_speed.py --rounds 3 --steps 3 --out /tmp/quick.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from cemlib.train.experiments import build, get_config
+from cemlib.train.optim import make_optimizer
+from cemlib.train.results import environment_info, git_commit
+
+#: (label, experiment, overrides). The GPT is nanoGPT's layout at the Llama's size: fused QKV
+#: projection, LayerNorm with bias, GELU MLP of width 4d, learned positions.
+NANOGPT = ("gpt (nanoGPT layout)", "shakespeare-gpt",
+           ("model.d_model=128", "model.n_heads=4", "model.n_layers=2", "model.act=gelu"))
+VARIANTS = {
+    "gpt": NANOGPT,
+    "llama": ("Llama", "shakespeare-llama", ()),
+    "cem": ("full CEM, T = 1", "shakespeare-cem", ()),
+    "cem-t2": ("full CEM, T = 2", "shakespeare-cem-t2", ()),
+    "cem-t3": ("full CEM, T = 3", "shakespeare-cem-t3", ()),
+    "cem-attn": ("CEM attention + SwiGLU", "shakespeare-cem-attn", ()),
+    "cem-mlp": ("Llama attention + CEM MLP", "shakespeare-cem-mlp", ()),
+    "cem-mlp-pm": ("Llama attention + CEM MLP, param.-matched", "shakespeare-cem-mlp-pm", ()),
+    "cem-attn-t2": ("CEM attention T = 2 + SwiGLU", "shakespeare-cem-attn-t2", ()),
+    "cem-mlp-t2": ("Llama attention + CEM MLP T = 2", "shakespeare-cem-mlp-t2", ()),
+    "cem-precond-diag": ("full CEM, T = 2, diagonal P", "shakespeare-cem-precond-diag", ()),
+    "cem-precond-dplr": ("full CEM, T = 2, DPLR P", "shakespeare-cem-precond-dplr", ()),
+    "cem-reuse2": ("full CEM, layer reuse x2", "shakespeare-cem-reuse2", ()),
+    "llama-reuse2": ("Llama, layer reuse x2", "shakespeare-llama-reuse2", ()),
+}
+DEFAULT = ("gpt", "llama", "cem", "cem-t2")
+GOALS = {("llama", "gpt"): 1.0, ("cem", "llama"): 0.9, ("cem-t2", "llama"): 0.55}
+
+
+class _Case:
+    """One model ready to step: built as the trainer builds it, with its optimizer and batch."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.label, self.experiment, self.overrides = VARIANTS[key]
+        self.cfg = get_config(self.experiment, "cpu", list(self.overrides))
+        self.model, task = build(self.cfg)
+        self.model.train()
+        self.opt = make_optimizer(self.model, self.cfg.optim)
+        self.vocab = task.info["vocab_size"]
+        B, L = self.cfg.train.batch_size, self.cfg.train.context_length
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, self.vocab, (B, L), generator=g)
+        self.y = torch.randint(0, self.vocab, (B, L), generator=g)
+        self.tokens = B * L
+        self.times: list[float] = []
+
+    def loss(self) -> torch.Tensor:
+        logits = self.model(self.x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.y.reshape(-1))
+
+    def step(self) -> None:
+        self.loss().backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def saved_activation_bytes(self) -> int:
+        """Bytes of the tensors autograd saves for backward in one forward (storage counted once)."""
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = self.loss()
+        del loss
+        params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+def run(keys, rounds: int, steps: int, warmup: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    cases = [_Case(k) for k in keys]
+    for c in cases:
+        for _ in range(warmup):
+            c.step()
+    for r in range(rounds):
+        order = cases[r % len(cases):] + cases[:r % len(cases)]
+        for c in order:
+            ts = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                c.step()
+                ts.append(time.perf_counter() - t0)
+            c.times.append(statistics.median(ts))
+    by = {c.key: c for c in cases}
+    rows = []
+    for c in cases:
+        tps = [c.tokens / t for t in c.times]
+        row = {"key": c.key, "variant": c.label, "experiment": c.experiment,
+               "overrides": list(c.overrides), "params": sum(p.numel() for p in c.model.parameters()),
+               "batch": c.cfg.train.batch_size, "context_length": c.cfg.train.context_length,
+               "model": dict(c.cfg.model), "median_step_s": statistics.median(c.times),
+               "step_s_per_round": c.times, "tokens_per_s": c.tokens / statistics.median(c.times),
+               "saved_activation_bytes": c.saved_activation_bytes()}
+        for ref in ("llama", "gpt"):
+            if ref in by:
+                ratios = [a / b for a, b in zip(tps, (by[ref].tokens / t for t in by[ref].times))]
+                row[f"ratio_to_{ref}"] = statistics.median(ratios)
+        rows.append(row)
+    goals = []
+    for (k, ref), goal in GOALS.items():
+        if k in by and ref in by:
+            ratio = next(r[f"ratio_to_{ref}"] for r in rows if r["key"] == k)
+            goals.append({"variant": k, "reference": ref, "goal": goal, "ratio": ratio,
+                          "met": ratio >= goal})
+    return {"rows": rows, "goals": goals}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT), choices=sorted(VARIANTS),
+                   help=f"models to time (default: {' '.join(DEFAULT)}; 'all' is not a choice)")
+    p.add_argument("--all", action="store_true", help="time every variant (the book's chapter 5 table)")
+    p.add_argument("--rounds", type=int, default=11, help="interleaved rounds (default 11)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per model and round (default 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per model first (default 3)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1, as the book's chapters)")
+    p.add_argument("--out", default="benchmarks/results/cpu_speed.json")
+    a = p.parse_args(argv)
+    keys = sorted(VARIANTS, key=list(VARIANTS).index) if a.all else a.variants
+    if "llama" not in keys:
+        keys = ["llama"] + list(keys)
+    t0 = time.time()
+    res = run(keys, a.rounds, a.steps, a.warmup, a.threads)
+    device, versions = environment_info(torch.device("cpu"))
+    out = {"schema": "cemlib.benchmarks.cpu_speed/1", "device": device, "versions": versions,
+           "threads": a.threads, "git_commit": git_commit(), "dtype": "float32",
+           "rounds": a.rounds, "steps_per_round": a.steps, "warmup": a.warmup,
+           "command": "python benchmarks/cpu_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+           "wall_time_s": time.time() - t0, **res}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    for r in res["rows"]:
+        print(f"{r['variant']:45s} {r['tokens_per_s']:9.0f} tok/s  x{r['ratio_to_llama']:.3f} Llama"
+              + (f"  x{r['ratio_to_gpt']:.3f} GPT" if "ratio_to_gpt" in r else "")
+              + f"  saved {r['saved_activation_bytes'] / 2**20:6.1f} MiB")
+    for g in res["goals"]:
+        print(f"goal {g['variant']} / {g['reference']} >= {g['goal']}: {g['ratio']:.3f} "
+              f"({'met' if g['met'] else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
