@@ -30,6 +30,8 @@ Feed-forward energies (per token, the single term ``B = A``; eq. (3)'s sum over 
 - DAM, eq. (14)/(16): ``-1^T F(W1 g)`` with ``F' = sigma`` (``F = relu^2/2`` or the GELU primitive);
 - FF1: ``-||sigma(W g + b)||^2``; its gradient is an MLP with activation ``2 sigma sigma'``, not the
   ``sigma`` that "same as eq. (14)" claims (equal only for ReLU, and then with a factor 2);
+- FF2 (the authors' ``GradFeedForward_2Lay``, used in their Shakespeare sweep; not in the paper):
+  ``-||sigma(W2 sigma(W1 g + b1) + b2)||^2``, two layers ``D -> D -> M``;
 - FF2W: ``-g^T (W2 sigma(W1 g + b1) + b2)``; correct gradient
   ``-(W2 sigma(u) + W1^T [sigma'(u) * W2^T g] + b2)``; the paper's eq. (24) is wrong
   (:func:`ff2w_grad_paper` reproduces it for the tests).
@@ -48,7 +50,7 @@ __all__ = [
     "MASKS", "ACTIVATIONS", "attention_scores", "attention_energy", "attention_weights",
     "attention_query_grad", "attention_key_grad", "activation", "activation_grad",
     "activation_primitive", "ff_dam_energy", "ff_dam_grad", "ff1_energy", "ff1_grad",
-    "ff2w_energy", "ff2w_grad", "ff2w_grad_paper",
+    "ff2w_energy", "ff2w_grad", "ff2w_grad_paper", "ff2_energy", "ff2_grad",
 ]
 
 MASKS = ("strict", "inclusive")
@@ -124,12 +126,18 @@ def attention_weights(g, J, beta, mask="strict", context=None):
     return _masked_lse(attention_scores(g, J, beta, context), mask)[1]
 
 
-def attention_query_grad(g, J, alpha, beta, mask="strict", context=None):
+def attention_query_grad(g, J, alpha, beta, mask="strict", context=None, weight_dropout=None):
     """``d/dg_A`` of ``E^AT_A`` through the query slot only, eq. (12) divided by ``-eta``:
-    ``-sum_h alpha_h J_h^T sum_B SM_BA g_B`` (zero for the first token under the strict mask)."""
+    ``-sum_h alpha_h J_h^T sum_B SM_BA g_B`` (zero for the first token under the strict mask).
+
+    ``weight_dropout`` (a callable, e.g. an ``nn.Dropout`` in training mode) is applied to the
+    weights ``SM_BA`` first, as the authors' code does when training with dropout; the result is
+    then a regularised update, not the gradient of any energy."""
     _check_attention(g, J, alpha, mask, context)
     keys = g if context is None else context
     p = attention_weights(g, J, beta, mask, context)
+    if weight_dropout is not None:
+        p = weight_dropout(p)
     o = torch.einsum("...hab,...bi->...hai", p, keys)  # sum_B SM_BA g_B
     return -torch.einsum("h,hji,...haj->...ai", alpha, J, o)
 
@@ -251,6 +259,31 @@ def ff2w_grad(g, W1, W2, act="gelu", b1=None, b2=None):
     if b2 is not None:
         grad = grad + b2
     return -grad
+
+
+def _check_ff2(g, W1, W2):
+    _check_ff(g, W1, "W1")
+    check_tensor(W2, "W2", ndim=2)
+    if W2.shape[1] != W1.shape[0]:
+        raise ValueError(f"W2 must have shape (M, {W1.shape[0]}) to follow W1 {tuple(W1.shape)}, "
+                         f"got {tuple(W2.shape)}")
+
+
+def ff2_energy(g, W1, W2, act="gelu", b1=None, b2=None):
+    """The authors' two-layer energy (``GradFeedForward_2Lay``, model ``NRGPT_H_FF2``):
+    ``E^FF_A = -||sigma(W2 sigma(W1 g_A + b1) + b2)||^2`` with ``W1`` (D1, D), ``W2`` (M, D1); the
+    authors use ``D1 = D``, ``M = 4D`` and biases."""
+    _check_ff2(g, W1, W2)
+    return -activation(_pre(activation(_pre(g, W1, b1), act), W2, b2), act).pow(2).sum(-1)
+
+
+def ff2_grad(g, W1, W2, act="gelu", b1=None, b2=None):
+    """``dE^FF_A/dg_A = -2 W1^T [sigma'(u1) * W2^T (sigma(u2) sigma'(u2))]`` with ``u1 = W1 g + b1``,
+    ``u2 = W2 sigma(u1) + b2`` (back-propagation through the two layers, in closed form)."""
+    _check_ff2(g, W1, W2)
+    s1, ds1 = _act_and_grad(_pre(g, W1, b1), act)
+    s2, ds2 = _act_and_grad(_pre(s1, W2, b2), act)
+    return -2.0 * (ds1 * ((s2 * ds2) @ W2)) @ W1
 
 
 def ff2w_grad_paper(g, W1, W2, act="gelu"):

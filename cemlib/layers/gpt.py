@@ -93,13 +93,21 @@ class ParallelGPTBlock(nn.Module):
         return x + self.attn(g) + self.mlp(g)
 
 
-class RecurrentGPT(nn.Module):
-    """One :class:`ParallelGPTBlock` applied ``n_steps`` times (GPT_Rec_parallel)."""
+RECURRENT_BLOCKS = {"parallel": ParallelGPTBlock, "sequential": GPTBlock}
 
-    def __init__(self, d_model: int, n_heads: int, n_steps: int, **block_kwargs):
+
+class RecurrentGPT(nn.Module):
+    """One block applied ``n_steps`` times with shared weights: ``block="parallel"`` is a
+    :class:`ParallelGPTBlock` (the authors' ``GPT_Rec_parallel``, the paper's baseline),
+    ``"sequential"`` a :class:`GPTBlock` (their ``GPT_Rec``, "RGPT")."""
+
+    def __init__(self, d_model: int, n_heads: int, n_steps: int, block: str = "parallel", **block_kwargs):
         super().__init__()
         self.n_steps = check_positive_int(n_steps, "n_steps")
-        self.block = ParallelGPTBlock(d_model, n_heads, **block_kwargs)
+        if block not in RECURRENT_BLOCKS:
+            raise ValueError(f"block must be one of {tuple(RECURRENT_BLOCKS)}, got {block!r}")
+        self.block_kind = block
+        self.block = RECURRENT_BLOCKS[block](d_model, n_heads, **block_kwargs)
 
     def forward(self, x: torch.Tensor, n_steps: int | None = None) -> torch.Tensor:
         for _ in range(check_positive_int(self.n_steps if n_steps is None else n_steps, "n_steps")):

@@ -33,11 +33,12 @@ from cemlib.layers.base import EnergyLayer, check_norm_eps
 from cemlib.layers.norm import layer_norm, layer_norm_vjp, rms_norm, rms_norm_vjp
 from cemlib.utils import check_positive_int, check_tensor
 
-__all__ = ["NRGPTBlock", "norm_jacobian", "NORMS", "RATES", "FF_KINDS"]
+__all__ = ["NRGPTBlock", "norm_jacobian", "NORMS", "RATES", "RATE_INITS", "FF_KINDS"]
 
 NORMS = ("layernorm", "rmsnorm", "none")
 RATES = ("gamma", "matrix", "psd_skew")
-FF_KINDS = ("ff1", "ff2w", "dam")
+FF_KINDS = ("ff1", "ff2w", "dam", "ff2")
+RATE_INITS = ("identity", "normal")
 
 
 def _choice(value, options, name):
@@ -82,13 +83,23 @@ class NRGPTBlock(EnergyLayer):
     authors' ``BareLayerNorm``); ``mask`` ``"strict"`` (B<A, the paper) or ``"inclusive"`` (B<=A);
     ``beta`` (default ``1/sqrt(D/H)``, eq. 10); ``rate`` in ``("gamma", "matrix", "psd_skew")`` with
     scale ``rate_scale`` (c) and ``rate_rank`` D' for ``psd_skew``; ``ff2w_form`` ``"exact"``/``"paper"``.
+
+    The authors' released code differs in five places; each is an option here, off by default
+    (``cemlib/README_nrgpt.md``, "The authors' setup"): ``ff="ff2"`` (their two-layer energy,
+    first layer ``ff2_hidden`` wide, default D); ``learn_ff_scale`` (a learnable scalar ``s`` on the
+    feed-forward energy, ``E_A = E^AT_A + s E^FF_A``, initialised to 1); ``rate_init="normal"`` (the
+    ``matrix`` rate drawn ``N(0, init_std^2)`` instead of ``rate_scale I``: their ``proj`` Linear);
+    ``attn_dropout`` (dropout on the attention weights and on the attention update, in training
+    mode only); ``learn_alpha=False`` (no head weights: their code has none).
     """
 
     def __init__(self, d_model: int, n_heads: int = 1, *, ff: str = "ff2w", ff_hidden: int | None = None,
                  act: str = "gelu", ff_bias: bool = True, norm: str = "layernorm", norm_eps: float = 1e-5,
                  learn_gain: bool = True, mask: str = "strict", beta: float | None = None,
                  rate: str = "matrix", rate_scale: float = 1.0, rate_rank: int | None = None,
-                 ff2w_form: str = "exact", init_std: float = 0.02):
+                 ff2w_form: str = "exact", init_std: float = 0.02, learn_alpha: bool = True,
+                 learn_ff_scale: bool = False, rate_init: str = "identity", attn_dropout: float = 0.0,
+                 ff2_hidden: int | None = None):
         super().__init__()
         D = self.d_model = check_positive_int(d_model, "d_model")
         H = self.n_heads = check_positive_int(n_heads, "n_heads")
@@ -96,6 +107,13 @@ class NRGPTBlock(EnergyLayer):
         self.ff, self.act = _choice(ff, FF_KINDS, "ff"), _choice(act, en.ACTIVATIONS, "act")
         self.norm, self.mask = _choice(norm, NORMS, "norm"), _choice(mask, en.MASKS, "mask")
         self.rate = _choice(rate, RATES, "rate")
+        self.rate_init = _choice(rate_init, RATE_INITS, "rate_init")
+        if rate_init != "identity" and rate != "matrix":
+            raise ValueError(f"rate_init={rate_init!r} applies to rate='matrix' only, got rate={rate!r}")
+        if isinstance(attn_dropout, bool) or not (isinstance(attn_dropout, (int, float))
+                                                  and 0.0 <= attn_dropout < 1.0):
+            raise ValueError(f"attn_dropout must be a probability in [0, 1), got {attn_dropout!r}")
+        self.attn_dropout = float(attn_dropout)
         self.ff2w_form = _choice(ff2w_form, ("exact", "paper"), "ff2w_form")
         if ff2w_form == "paper" and (ff != "ff2w" or ff_bias):
             raise ValueError("ff2w_form='paper' needs ff='ff2w' and ff_bias=False (eq. 24 has no biases)")
@@ -120,17 +138,25 @@ class NRGPTBlock(EnergyLayer):
         self.bias = nn.Parameter(torch.zeros(D)) if norm == "layernorm" else None
         # attention: J_h (H, D, D) and head weights alpha_h (eq. 11)
         self.J = randn(H, D, D)
-        self.alpha = nn.Parameter(torch.ones(H))
-        # feed-forward
-        self.W1 = randn(M, D)
-        self.b1 = nn.Parameter(torch.zeros(M)) if ff_bias else None
-        self.W2 = randn(D, M) if ff == "ff2w" else None
-        self.b2 = nn.Parameter(torch.zeros(D)) if (ff == "ff2w" and ff_bias) else None
+        if learn_alpha:
+            self.alpha = nn.Parameter(torch.ones(H))
+        else:
+            self.register_buffer("alpha", torch.ones(H))
+        self.drop = nn.Dropout(self.attn_dropout)
+        # feed-forward: W1 (M, D) [ff2: (D1, D)], W2 (D, M) for ff2w, (M, D1) for ff2
+        D1 = check_positive_int(D if ff2_hidden is None else ff2_hidden, "ff2_hidden") if ff == "ff2" else M
+        self.W1 = randn(D1, D)
+        self.b1 = nn.Parameter(torch.zeros(D1)) if ff_bias else None
+        self.W2 = randn(D, M) if ff == "ff2w" else randn(M, D1) if ff == "ff2" else None
+        b2_dim = {"ff2w": D, "ff2": M}.get(ff)
+        self.b2 = nn.Parameter(torch.zeros(b2_dim)) if (b2_dim and ff_bias) else None
+        self.ff_scale = nn.Parameter(torch.ones(())) if learn_ff_scale else None
         # inference rate eta
         if rate == "gamma":
             self.log_c = nn.Parameter(torch.tensor(math.log(rate_scale)))
         elif rate == "matrix":
-            self.eta = nn.Parameter(rate_scale * torch.eye(D))
+            self.eta = nn.Parameter(rate_scale * torch.eye(D) if rate_init == "identity"
+                                    else torch.randn(D, D) * init_std)
         else:
             Dp = check_positive_int(D if rate_rank is None else rate_rank, "rate_rank")
             self.U = nn.Parameter(math.sqrt(rate_scale) * torch.eye(Dp, D))
@@ -178,14 +204,25 @@ class NRGPTBlock(EnergyLayer):
         return t
 
     def _ff_args(self):
-        return (self.W1, self.W2, self.act, self.b1, self.b2) if self.ff == "ff2w" else (self.W1, self.act, self.b1)
+        if self.ff in ("ff2w", "ff2"):
+            return self.W1, self.W2, self.act, self.b1, self.b2
+        return self.W1, self.act, self.b1
+
+    def _scaled_ff(self, value: torch.Tensor) -> torch.Tensor:
+        """``s * value`` with the learnable feed-forward scale, if any."""
+        return value if self.ff_scale is None else self.ff_scale * value
+
+    def _ff_grad_exact(self, g: torch.Tensor) -> torch.Tensor:
+        fn = {"ff1": en.ff1_grad, "ff2w": en.ff2w_grad, "dam": en.ff_dam_grad, "ff2": en.ff2_grad}[self.ff]
+        return self._scaled_ff(fn(g, *self._ff_args()))
 
     def energy_parts_g(self, g: torch.Tensor, context: torch.Tensor | None = None):
         """``(E^AT_A, E^FF_A)`` per token at normalised tokens ``g`` (keys from ``context`` if given)."""
         self._check(g, "g")
         e_at = en.attention_energy(g, self.J, self.alpha, self.beta, self.mask, context)
-        e_ff = {"ff1": en.ff1_energy, "ff2w": en.ff2w_energy, "dam": en.ff_dam_energy}[self.ff](g, *self._ff_args())
-        return e_at, e_ff
+        e_ff = {"ff1": en.ff1_energy, "ff2w": en.ff2w_energy, "dam": en.ff_dam_energy,
+                "ff2": en.ff2_energy}[self.ff](g, *self._ff_args())
+        return e_at, self._scaled_ff(e_ff)
 
     def energy_g(self, g: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token ``E_A = E^AT_A + E^FF_A`` (eq. 3 with ``alpha_h``, FF term ``B = A`` only)."""
@@ -195,8 +232,8 @@ class NRGPTBlock(EnergyLayer):
     def ff_grad_g(self, g: torch.Tensor) -> torch.Tensor:
         """``dE^FF_A/dg_A`` (or, with ``ff2w_form="paper"``, the paper's eq. 24 version)."""
         if self.ff == "ff2w" and self.ff2w_form == "paper":
-            return en.ff2w_grad_paper(g, self.W1, self.W2, self.act)
-        return {"ff1": en.ff1_grad, "ff2w": en.ff2w_grad, "dam": en.ff_dam_grad}[self.ff](g, *self._ff_args())
+            return self._scaled_ff(en.ff2w_grad_paper(g, self.W1, self.W2, self.act))
+        return self._ff_grad_exact(g)
 
     def grad_g(self, g: torch.Tensor) -> torch.Tensor:
         """The update direction ``v_A``: query-slot ``dE_A/dg_A`` (eq. 12 + FF gradient), i.e.
@@ -225,16 +262,21 @@ class NRGPTBlock(EnergyLayer):
             if ctx.shape != g.shape:
                 raise ValueError(f"h shape {tuple(h.shape)} != x shape {tuple(x.shape)}")
             v = en.attention_query_grad(g, self.J, self.alpha, self.beta, self.mask, ctx)
-        if self.ff == "ff2w":
-            v = v + en.ff2w_grad(g, *self._ff_args())
-        else:
-            v = v + self.ff_grad_g(g)
-        return self.norm_vjp(x, v)
+        return self.norm_vjp(x, v + self._ff_grad_exact(g))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """One step ``x <- x - eta v(N(x))`` (eq. 6), closed form."""
+        """One step ``x <- x - eta v(N(x))`` (eq. 6), closed form. In training mode with
+        ``attn_dropout > 0`` the attention part of ``v`` is regularised as in the authors' code:
+        dropout on its weights, then on the summed attention update."""
         self._check(x, "x")
-        return x - self.grad_g(self.normalize(x)) @ self.rate_matrix().T
+        g = self.normalize(x)
+        if self.training and self.attn_dropout > 0:
+            att = en.attention_query_grad(g, self.J, self.alpha, self.beta, self.mask,
+                                          weight_dropout=self.drop)
+            v = self.drop(att) + self.ff_grad_g(g)
+        else:
+            v = self.grad_g(g)
+        return x - v @ self.rate_matrix().T
 
     def energy_rate(self, x: torch.Tensor, form: str = "exact") -> torch.Tensor:
         """First-order change of each ``E_A`` under one step when only ``x_A`` moves (earlier tokens
@@ -260,5 +302,10 @@ class NRGPTBlock(EnergyLayer):
         return (x, torch.stack(energies)) if return_energies else x
 
     def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v, default in (
+            ("rate_init", self.rate_init, "identity"), ("attn_dropout", self.attn_dropout, 0.0),
+            ("learn_ff_scale", self.ff_scale is not None, False),
+            ("learn_alpha", isinstance(self.alpha, nn.Parameter), True)) if v != default)
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, ff={self.ff}, ff_hidden={self.ff_hidden}, "
-                f"act={self.act}, norm={self.norm}, mask={self.mask}, rate={self.rate}, beta={self.beta:.4g}")
+                f"act={self.act}, norm={self.norm}, mask={self.mask}, rate={self.rate}, beta={self.beta:.4g}"
+                + extra)

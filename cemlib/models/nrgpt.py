@@ -17,14 +17,26 @@ from cemlib.layers.gpt import GPTBlock, RecurrentGPT
 from cemlib.layers.nrgpt import NRGPTBlock
 from cemlib.utils import check_positive_int
 
-__all__ = ["NRGPTModel", "RecurrentGPTModel", "GPTModel"]
+__all__ = ["NRGPTModel", "RecurrentGPTModel", "GPTModel", "AUTHORS_NRGPT", "AUTHORS_BASELINE"]
+
+#: The options that make :class:`NRGPTModel` the authors' released ``NRGPT_H_FF2W`` (github
+#: bhoov/nrgpt, ``models/energy_models.py``); ``ff="ff2"`` gives their ``NRGPT_H_FF2``. Add
+#: ``mask="strict"`` for ListOps (their ``tril_plus_one=True``) or ``"inclusive"`` for Shakespeare,
+#: and ``attn_dropout`` = their ``dropout`` (0.1 in their Shakespeare sweep). See
+#: ``cemlib/README_nrgpt.md``, "The authors' setup".
+AUTHORS_NRGPT = dict(ff="ff2w", act="gelu", ff_bias=True, norm="layernorm", learn_gain=False,
+                     learn_alpha=False, beta=1.0, rate="matrix", rate_init="normal",
+                     learn_ff_scale=True, head_bias=True)
+#: The same for their baselines (``GPT``, ``GPT_Rec_parallel``; ``block="sequential"`` on
+#: :class:`RecurrentGPTModel` for ``GPT_Rec``): ReLU MLPs with biases and a head bias.
+AUTHORS_BASELINE = dict(act="relu", head_bias=True)
 
 
 class _CausalTokenModel(nn.Module):
     """Embeddings, final LayerNorm and output head around a body ``self._body(x)``."""
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_outputs: int | None = None,
-                 dropout: float = 0.0, tie_embeddings: bool = False):
+                 dropout: float = 0.0, tie_embeddings: bool = False, head_bias: bool = False):
         super().__init__()
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.block_size = check_positive_int(block_size, "block_size")
@@ -37,6 +49,8 @@ class _CausalTokenModel(nn.Module):
         self.head = nn.Linear(d_model, self.n_outputs, bias=False)
         for m in (self.tok_emb, self.pos_emb, self.head):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if head_bias:  # the authors' lm_head has a bias, zero-initialised (added without an RNG draw)
+            self.head.bias = nn.Parameter(torch.zeros(self.n_outputs))
         if tie_embeddings:
             if self.n_outputs != vocab_size:
                 raise ValueError("tie_embeddings needs n_outputs == vocab_size")
@@ -75,8 +89,8 @@ class NRGPTModel(_CausalTokenModel):
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_steps: int = 5, *, n_outputs: int | None = None, dropout: float = 0.0,
-                 tie_embeddings: bool = False, **block_kwargs):
-        super().__init__(vocab_size, block_size, d_model, n_outputs, dropout, tie_embeddings)
+                 tie_embeddings: bool = False, head_bias: bool = False, **block_kwargs):
+        super().__init__(vocab_size, block_size, d_model, n_outputs, dropout, tie_embeddings, head_bias)
         self.n_steps = check_positive_int(n_steps, "n_steps")
         self.block = NRGPTBlock(d_model, n_heads, **block_kwargs)
 
@@ -94,13 +108,16 @@ class NRGPTModel(_CausalTokenModel):
 
 
 class RecurrentGPTModel(_CausalTokenModel):
-    """GPT_Rec_parallel: one parallel GPT-J-style block applied ``n_steps`` times."""
+    """One GPT block applied ``n_steps`` times: ``block="parallel"`` (GPT-J style, the authors'
+    GPT_Rec_parallel, default) or ``"sequential"`` (pre-LN GPT-2 block, their GPT_Rec)."""
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_steps: int = 5, *, n_outputs: int | None = None, dropout: float = 0.0,
-                 tie_embeddings: bool = False, ff_hidden: int | None = None, act: str = "relu"):
-        super().__init__(vocab_size, block_size, d_model, n_outputs, dropout, tie_embeddings)
-        self.body = RecurrentGPT(d_model, n_heads, n_steps, ff_hidden=ff_hidden, act=act, dropout=dropout)
+                 tie_embeddings: bool = False, ff_hidden: int | None = None, act: str = "relu",
+                 block: str = "parallel", head_bias: bool = False):
+        super().__init__(vocab_size, block_size, d_model, n_outputs, dropout, tie_embeddings, head_bias)
+        self.body = RecurrentGPT(d_model, n_heads, n_steps, block, ff_hidden=ff_hidden, act=act,
+                                 dropout=dropout)
         _init_linear(self.body)
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,8 +129,9 @@ class GPTModel(_CausalTokenModel):
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_layers: int = 4, *, n_outputs: int | None = None, dropout: float = 0.0,
-                 tie_embeddings: bool = False, ff_hidden: int | None = None, act: str = "relu"):
-        super().__init__(vocab_size, block_size, d_model, n_outputs, dropout, tie_embeddings)
+                 tie_embeddings: bool = False, ff_hidden: int | None = None, act: str = "relu",
+                 head_bias: bool = False):
+        super().__init__(vocab_size, block_size, d_model, n_outputs, dropout, tie_embeddings, head_bias)
         check_positive_int(n_layers, "n_layers")
         self.blocks = nn.ModuleList(GPTBlock(d_model, n_heads, ff_hidden, act, dropout)
                                     for _ in range(n_layers))
