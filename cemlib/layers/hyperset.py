@@ -16,9 +16,15 @@
 - :class:`HyperSETLayer`: one attention step then one feed-forward step on the post-attention state
   (the alternating minimisation of eq. 6), optionally with depth-wise LoRA weights for iteration t.
 
-RMSNorm here has unit gain, so the normalised projections lie exactly on the constraint spheres of
-eqs. (4)-(5) (up to ``eps``). The released code uses learnable gains (separate for Q, K and V),
-which would break Q = K = V and so the symmetric-energy structure; cemlib does not.
+RMSNorm here has unit gain by default, so the normalised projections lie exactly on the constraint
+spheres of eqs. (4)-(5) (up to ``eps``). The authors' released code uses learnable gains: one
+RMSNorm shared by Q, K and V in its Sudoku model, three separate ones (Q, K, V) in its image
+models, and one on the feed-forward hidden layer. ``qkv_gain="shared"`` / ``"separate"`` and
+``TiedFeedForward(gain=True)`` reproduce them (options, off by default): a shared gain keeps
+Q = K = V (the update is still eq. 9 for the gained projections). Separate gains keep the score
+symmetric (diagonal gains commute: ``Q K^T = U diag(g_q g_k) U^T``), but the update is the gradient
+of eq. (3) in that metric only if ``g_v = g_q g_k``, which nothing enforces. :meth:`energy` always
+evaluates the unit-gain energy, as the authors' logging helpers do.
 Tokens are rows: ``X (..., N, d)``; the Table 19/20 alternatives are in
 :mod:`cemlib.layers.hyperset_variants`.
 """
@@ -36,7 +42,8 @@ from cemlib.layers.norm import rms_norm
 from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
 
 __all__ = ["SubspaceAttention", "BiSoftmaxAttention", "TiedFeedForward", "TiedReLUFeedForward",
-           "StepSizeNet", "HyperSETLayer", "timestep_embedding"]
+           "StepSizeNet", "HyperSETLayer", "timestep_embedding", "qkv_update", "QKV_GAINS",
+           "TIME_EMBEDDINGS"]
 
 
 def _apply_step(x, direction, step):
@@ -53,19 +60,47 @@ def _apply_step(x, direction, step):
     return x + step * direction
 
 
+QKV_GAINS = ("none", "shared", "separate")
+
+
+def qkv_update(kind: str, Q, K, V, beta=None):
+    """The attention direction with separate query, key and value projections ``(..., N, p)``:
+    bi-softmax ``(softmax_row(G) + softmax_col(G)) V``, sigmoid ``sigma'(G) V`` with
+    ``G = beta Q K^T``, linear ``Phi'(Q) * beta Phi(V) (Phi(Q)^T Phi(K))`` (the released code's
+    forms). With ``Q = K = V = U`` each equals ``grad_U`` of its energy (:mod:`cemlib.energies.hyperset`)."""
+    b = 1.0 / math.sqrt(Q.shape[-1]) if beta is None else float(beta)
+    if kind == "bisoftmax":
+        G = b * Q @ K.transpose(-1, -2)
+        return (torch.softmax(G, -1) + torch.softmax(G, -2)) @ V
+    if kind == "sigmoid":
+        s = torch.sigmoid(b * Q @ K.transpose(-1, -2))
+        return (s * (1 - s)) @ V
+    if kind == "linear":
+        PQ, PK, PV = torch.sigmoid(Q), torch.sigmoid(K), torch.sigmoid(V)
+        return PQ * (1 - PQ) * (b * PV @ (PQ.transpose(-1, -2) @ PK))
+    raise ValueError(f"unknown attention kind {kind!r}")
+
+
 class SubspaceAttention(EnergyLayer):
     """Symmetric tied attention over ``H`` subspaces ``W_h (d, p)``; ``kind`` picks the energy."""
 
     kind = "bisoftmax"
 
     def __init__(self, d: int, n_heads: int, head_dim: int | None = None, normalize: bool = True,
-                 beta: float | None = None, eps: float = 1e-6):
+                 beta: float | None = None, eps: float = 1e-6, qkv_gain: str = "none"):
         super().__init__()
         head_dim = resolve_head_dim(d, n_heads, head_dim, name="d")
         check_norm_eps(eps, "eps")
+        if qkv_gain not in QKV_GAINS:
+            raise ValueError(f"qkv_gain must be one of {QKV_GAINS}, got {qkv_gain!r}")
         self.d, self.n_heads, self.head_dim = d, n_heads, head_dim
-        self.normalize, self.beta, self.eps = normalize, beta, eps
+        self.normalize, self.beta, self.eps, self.qkv_gain = normalize, beta, eps, qkv_gain
         self.W = nn.Parameter(torch.randn(d, n_heads * head_dim) / math.sqrt(d))
+        # learnable RMSNorm gains over the head dimension, shared by the heads (as nn.RMSNorm(p)
+        # applied to (B, H, N, p) in the released code); one-dimensional, so never weight-decayed
+        names = {"none": (), "shared": ("qkv_gain_",), "separate": ("q_gain", "k_gain", "v_gain")}
+        for name in names[qkv_gain]:
+            setattr(self, name, nn.Parameter(torch.ones(head_dim)))
 
     def _W(self, W):
         if W is None:
@@ -93,7 +128,13 @@ class SubspaceAttention(EnergyLayer):
         _, grad = hs.ATTENTION_KERNELS[self.kind]
         Z = hs.split_heads(x @ W, self.n_heads)
         U = rms_norm(Z, eps=self.eps) if self.normalize else Z
-        return -hs.merge_heads(grad(U, self.beta)) @ W.T
+        if self.qkv_gain == "shared":
+            U = U * self.qkv_gain_
+        if self.qkv_gain == "separate":
+            g = qkv_update(self.kind, U * self.q_gain, U * self.k_gain, U * self.v_gain, self.beta)
+        else:
+            g = grad(U, self.beta)
+        return -hs.merge_heads(g) @ W.T
 
     def forward(self, x, alpha=1.0, W=None):
         """``x + alpha * descent_direction(x)`` (eq. 9 for bi-softmax); ``alpha`` broadcasts."""
@@ -101,7 +142,7 @@ class SubspaceAttention(EnergyLayer):
 
     def extra_repr(self) -> str:
         return (f"d={self.d}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
-                f"kind={self.kind!r}, normalize={self.normalize}")
+                f"kind={self.kind!r}, normalize={self.normalize}, qkv_gain={self.qkv_gain!r}")
 
 
 class BiSoftmaxAttention(SubspaceAttention):
@@ -116,7 +157,7 @@ class TiedFeedForward(EnergyLayer):
     kind = "relu"
 
     def __init__(self, d: int, ff_dim: int | None = None, normalize: bool = True,
-                 eps: float = 1e-6):
+                 eps: float = 1e-6, gain: bool = False):
         super().__init__()
         check_positive_int(d, "d")
         ff_dim = d if ff_dim is None else ff_dim
@@ -124,6 +165,8 @@ class TiedFeedForward(EnergyLayer):
         check_norm_eps(eps, "eps")
         self.d, self.ff_dim, self.normalize, self.eps = d, ff_dim, normalize, eps
         self.D = nn.Parameter(torch.randn(d, ff_dim) / math.sqrt(d))
+        # the released code's learnable RMSNorm gain on the hidden layer (option, off by default)
+        self.gain = nn.Parameter(torch.ones(ff_dim)) if gain else None
 
     def _D(self, D):
         if D is None:
@@ -147,13 +190,15 @@ class TiedFeedForward(EnergyLayer):
         hs.check_tokens(x, self.d, "x")
         _, grad = hs.FEEDFORWARD_KERNELS[self.kind]
         U = x @ D
-        return -grad(rms_norm(U, eps=self.eps) if self.normalize else U) @ D.T
+        U = rms_norm(U, eps=self.eps) if self.normalize else U
+        return -grad(U if self.gain is None else U * self.gain) @ D.T
 
     def forward(self, x, gamma=1.0, D=None):
         return _apply_step(x, self.descent_direction(x, D), gamma)
 
     def extra_repr(self) -> str:
-        return f"d={self.d}, ff_dim={self.ff_dim}, kind={self.kind!r}, normalize={self.normalize}"
+        return (f"d={self.d}, ff_dim={self.ff_dim}, kind={self.kind!r}, normalize={self.normalize}, "
+                f"gain={self.gain is not None}")
 
 
 class TiedReLUFeedForward(TiedFeedForward):
@@ -162,13 +207,28 @@ class TiedReLUFeedForward(TiedFeedForward):
     kind = "relu"
 
 
-def timestep_embedding(t: int, dim: int, dtype=torch.float32, max_period: float = 10000.0):
+TIME_EMBEDDINGS = ("cemlib", "authors")
+
+
+def timestep_embedding(t: int, dim: int, dtype=torch.float32, max_period: float = 10000.0,
+                       style: str = "cemlib"):
     """Sinusoidal embedding of the iteration index ``t`` (defined for any ``t``, so the model can be
-    run for more iterations than it was trained with)."""
+    run for more iterations than it was trained with).
+
+    ``style="cemlib"``: frequencies ``max_period^(-k/half)``, ``[cos, sin]`` (GLIDE / DiT order).
+    ``style="authors"``: the released code's ``SinusoidalPosEmb``, frequencies
+    ``max_period^(-k/(half-1))`` (the last one exactly ``1/max_period``), ``[sin, cos]``. The
+    iteration count from 1 is the caller's business (:class:`StepSizeNet` passes ``t + 1``)."""
+    if style not in TIME_EMBEDDINGS:
+        raise ValueError(f"time embedding style must be one of {TIME_EMBEDDINGS}, got {style!r}")
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
+    if style == "authors" and half < 2:
+        raise ValueError(f"the authors' time embedding needs dim >= 4, got {dim}")
+    denom = half - 1 if style == "authors" else half
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / denom)
     arg = float(t) * freqs
-    emb = torch.cat([torch.cos(arg), torch.sin(arg)])
+    parts = [torch.sin(arg), torch.cos(arg)] if style == "authors" else [torch.cos(arg), torch.sin(arg)]
+    emb = torch.cat(parts)
     if dim % 2:
         emb = torch.cat([emb, torch.zeros(1, dtype=torch.float64)])
     return emb.to(dtype)
@@ -177,25 +237,38 @@ def timestep_embedding(t: int, dim: int, dtype=torch.float32, max_period: float 
 class StepSizeNet(nn.Module):
     """Eq. (12) / Table 6:
     ``(alpha_t, gamma_t) = Linear_{d->2d}(GELU(TimeMLP(emb(t)) + RMSNorm(c)))``,
-    ``c`` = ``x(0)`` (or ``x(t)``); the last Linear is zero-initialised (ReZero)."""
+    ``c`` = ``x(0)`` (or ``x(t)``); the last Linear is zero-initialised (ReZero).
 
-    def __init__(self, d: int, freq_dim: int = 512):
+    Options for the released code's Sudoku model (defaults: cemlib's choices): ``time_embedding=
+    "authors"`` (its frequency spacing and ``[sin, cos]`` order, and ``t`` counted from 1);
+    ``cond_norm=False`` (the condition enters raw, not RMS-normalised); ``zero_time_mlp=True``
+    (the TimeMLP's Linears are zero-initialised too)."""
+
+    def __init__(self, d: int, freq_dim: int = 512, time_embedding: str = "cemlib",
+                 cond_norm: bool = True, zero_time_mlp: bool = False):
         super().__init__()
         check_positive_int(d, "d")
         check_positive_int(freq_dim, "freq_dim")
+        if time_embedding not in TIME_EMBEDDINGS:
+            raise ValueError(f"time_embedding must be one of {TIME_EMBEDDINGS}, got {time_embedding!r}")
         self.d, self.freq_dim = d, freq_dim
+        self.time_embedding, self.cond_norm = time_embedding, bool(cond_norm)
         self.time_mlp = nn.Sequential(nn.Linear(freq_dim, d), nn.GELU(), nn.Linear(d, d))
         self.out = nn.Linear(d, 2 * d)
-        nn.init.zeros_(self.out.weight)
-        nn.init.zeros_(self.out.bias)
+        layers = [self.out] + ([self.time_mlp[0], self.time_mlp[2]] if zero_time_mlp else [])
+        for lin in layers:
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
 
     def forward(self, t: int, cond: torch.Tensor):
         """Per-token, per-channel step sizes ``alpha, gamma`` of shape ``cond.shape``."""
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"iteration index t must be a non-negative int, got {t!r}")
         hs.check_tokens(cond, self.d, "step-size condition")
-        emb = timestep_embedding(t, self.freq_dim, cond.dtype).to(cond.device)
-        c = self.time_mlp(emb) + rms_norm(cond)
+        authors = self.time_embedding == "authors"
+        emb = timestep_embedding(t + 1 if authors else t, self.freq_dim, cond.dtype,
+                                 style=self.time_embedding).to(cond.device)
+        c = self.time_mlp(emb) + (rms_norm(cond) if self.cond_norm else cond)
         alpha, gamma = self.out(nn.functional.gelu(c)).chunk(2, dim=-1)
         return alpha, gamma
 
@@ -206,12 +279,13 @@ class HyperSETLayer(nn.Module):
     ``step_size=None`` learns ``alpha_t, gamma_t`` with :class:`StepSizeNet`; a number fixes
     ``alpha = gamma = step_size`` (Table 4's ablation). ``condition`` is ``"x0"`` (Sudoku, MIM) or
     ``"xt"`` (classification). ``lora`` (a :class:`~cemlib.layers.hyperset_variants.DepthwiseLoRA`)
-    adds per-iteration low-rank updates to ``W`` and ``D``.
+    adds per-iteration low-rank updates to ``W`` and ``D``; ``step_net_options`` go to
+    :class:`StepSizeNet` (``time_embedding``, ``cond_norm``, ``zero_time_mlp``).
     """
 
     def __init__(self, attention: SubspaceAttention, feedforward: TiedFeedForward,
                  step_size: float | None = None, condition: str = "x0", freq_dim: int = 512,
-                 lora: nn.Module | None = None):
+                 lora: nn.Module | None = None, step_net_options: dict | None = None):
         super().__init__()
         if attention.d != feedforward.d:
             raise ValueError(f"attention width {attention.d} != feed-forward width {feedforward.d}")
@@ -220,7 +294,7 @@ class HyperSETLayer(nn.Module):
         self.attention, self.feedforward, self.condition = attention, feedforward, condition
         self.d = attention.d
         if step_size is None:
-            self.step_net = StepSizeNet(self.d, freq_dim)
+            self.step_net = StepSizeNet(self.d, freq_dim, **(step_net_options or {}))
         else:
             check_step_size(step_size, "step_size")  # finite and >= 0 (alpha = gamma = step_size)
             self.step_net = None

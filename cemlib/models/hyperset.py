@@ -3,7 +3,8 @@
 Inputs are either integer tokens ``(B, N)`` (``vocab_size``; e.g. Sudoku: 81 cells, digits 0-9
 with 0 = blank) or patch vectors ``(B, N, patch_dim)`` (images). The same
 :class:`~cemlib.layers.hyperset.HyperSETLayer` is applied ``n_iter`` times (more at test time for
-extrapolation, unless depth-wise LoRA fixes the depth). The head is ``LayerNorm -> Linear``:
+extrapolation, unless depth-wise LoRA fixes the depth). The head is ``LayerNorm -> Linear``
+(``head="rmsnorm"``: the released Sudoku code's ``RMSNorm -> Linear`` without bias):
 
 - ``pool="none"``: per-token logits ``(B, N, n_classes)`` (Sudoku);
 - ``pool="mean"``: mean over tokens, logits ``(B, n_classes)``;
@@ -11,6 +12,14 @@ extrapolation, unless depth-wise LoRA fixes the depth). The head is ``LayerNorm 
 
 :meth:`HyperSETModel.trajectory` records every state and the per-sample energies ``E_ATTN`` and
 ``E_FF`` (normalised, as in the paper's Fig. 5) at every iteration.
+
+Options that reproduce the authors' released code (all off by default; see
+``cemlib/README_helmholtz_hyperset.md``): ``qkv_gain`` and ``ff_gain`` (learnable RMSNorm gains),
+``time_embedding="authors"``, ``step_cond_norm=False`` and ``step_zero_time_mlp=True`` (their
+step-size network), ``head="rmsnorm"`` (their Sudoku head), ``patch_embed="ln_linear_ln"`` (their
+image patch embedding ``LayerNorm -> Linear -> LayerNorm``) and ``init_std`` (their Sudoku
+initialisation: every embedding, projection and head weight ``N(0, init_std^2)``, biases zero,
+the step-size network untouched).
 """
 
 from __future__ import annotations
@@ -24,7 +33,11 @@ from cemlib.layers import hyperset as hl
 from cemlib.layers import hyperset_variants as hv
 from cemlib.utils import check_positive_int, check_tensor
 
-__all__ = ["HyperSETModel", "ATTENTIONS", "FEEDFORWARDS", "sinusoidal_positions"]
+__all__ = ["HyperSETModel", "ATTENTIONS", "FEEDFORWARDS", "sinusoidal_positions", "HEADS",
+           "PATCH_EMBEDS"]
+
+HEADS = ("layernorm", "rmsnorm")
+PATCH_EMBEDS = ("linear", "ln_linear_ln")
 
 ATTENTIONS = {"bisoftmax": hl.BiSoftmaxAttention, "sigmoid": hv.SigmoidAttention,
               "linear": hv.LinearAttention}
@@ -51,7 +64,10 @@ class HyperSETModel(nn.Module):
                  ff_dim: int | None = None, pool: str = "none", positional: str = "learned",
                  attention: str = "bisoftmax", feedforward: str = "relu",
                  step_size: float | None = None, condition: str = "x0", freq_dim: int = 512,
-                 lora_rank: int = 0, lora_scale: float = 4.0):
+                 lora_rank: int = 0, lora_scale: float = 4.0, qkv_gain: str = "none",
+                 ff_gain: bool = False, time_embedding: str = "cemlib", step_cond_norm: bool = True,
+                 step_zero_time_mlp: bool = False, head: str = "layernorm",
+                 patch_embed: str = "linear", init_std: float | None = None):
         super().__init__()
         for v, n in ((d, "d"), (n_heads, "n_heads"), (n_iter, "n_iter"), (n_classes, "n_classes"),
                      (n_positions, "n_positions")):
@@ -66,25 +82,62 @@ class HyperSETModel(nn.Module):
                                   (feedforward, FEEDFORWARDS, "feedforward")):
             if kind not in table:
                 raise ValueError(f"unknown {what} {kind!r}; choose from {sorted(table)}")
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
+        if patch_embed not in PATCH_EMBEDS:
+            raise ValueError(f"patch_embed must be one of {PATCH_EMBEDS}, got {patch_embed!r}")
+        if patch_embed != "linear" and patch_dim is None:
+            raise ValueError(f"patch_embed={patch_embed!r} needs patch inputs (patch_dim)")
+        if init_std is not None and (isinstance(init_std, bool) or not isinstance(init_std, (int, float))
+                                         or not math.isfinite(init_std) or init_std <= 0):
+            raise ValueError(f"init_std must be a positive number or None, got {init_std!r}")
         self.d, self.n_iter, self.pool, self.n_positions = d, n_iter, pool, n_positions
         self.vocab_size, self.patch_dim = vocab_size, patch_dim
         if vocab_size is not None:
             self.embed = nn.Embedding(check_positive_int(vocab_size, "vocab_size"), d)
-        else:
+        elif patch_embed == "linear":
             self.embed = nn.Linear(check_positive_int(patch_dim, "patch_dim"), d)
+        else:
+            self.embed = nn.Sequential(nn.LayerNorm(check_positive_int(patch_dim, "patch_dim")),
+                                       nn.Linear(patch_dim, d), nn.LayerNorm(d))
         n_tok = n_positions + (pool == "cls")
         if positional == "learned":
             self.pos = nn.Parameter(0.02 * torch.randn(n_tok, d))
         else:
             self.register_buffer("pos", sinusoidal_positions(n_tok, d))
         self.cls = nn.Parameter(0.02 * torch.randn(d)) if pool == "cls" else None
-        attn = ATTENTIONS[attention](d, n_heads)
-        ff = FEEDFORWARDS[feedforward](d, ff_dim)
+        attn = ATTENTIONS[attention](d, n_heads, qkv_gain=qkv_gain)
+        ff = FEEDFORWARDS[feedforward](d, ff_dim, gain=ff_gain)
         lora = None
         if lora_rank:
             lora = hv.DepthwiseLoRA(d, attn.W.shape[1], ff.ff_dim, n_iter, lora_rank, lora_scale)
-        self.layer = hl.HyperSETLayer(attn, ff, step_size, condition, freq_dim, lora)
-        self.head = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, n_classes))
+        step_opts = {"time_embedding": time_embedding, "cond_norm": step_cond_norm,
+                     "zero_time_mlp": step_zero_time_mlp}
+        self.layer = hl.HyperSETLayer(attn, ff, step_size, condition, freq_dim, lora, step_opts)
+        if head == "layernorm":
+            self.head = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, n_classes))
+        else:
+            self.head = nn.Sequential(nn.RMSNorm(d), nn.Linear(d, n_classes, bias=False))
+        self.init_std = init_std
+        if init_std is not None:
+            self.normal_init(init_std)
+
+    def normal_init(self, std: float) -> None:
+        """The released Sudoku code's initialisation: every ``Linear`` / ``Embedding`` weight outside
+        the step-size network, and the tied ``W`` and ``D``, drawn from ``N(0, std^2)``; biases zero."""
+        step_net = getattr(self.layer, "step_net", None)
+        skip = set(step_net.modules()) if step_net is not None else set()
+        with torch.no_grad():
+            for m in self.modules():
+                if m in skip or not isinstance(m, (nn.Linear, nn.Embedding)):
+                    continue
+                m.weight.normal_(0.0, std)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+            for sub, name in (("attention", "W"), ("feedforward", "D")):
+                mod = getattr(self.layer, sub, None)
+                if mod is not None and isinstance(getattr(mod, name, None), nn.Parameter):
+                    getattr(mod, name).normal_(0.0, std)
 
     def embed_inputs(self, x: torch.Tensor) -> torch.Tensor:
         """``x(0)``: token or patch embedding plus positions (CLS prepended if ``pool="cls"``)."""

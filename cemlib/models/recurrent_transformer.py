@@ -24,13 +24,17 @@ class TransformerLayer(nn.Module):
     """``x + MHA(LN x)``, then ``+ MLP(LN x)``; called as ``layer(X, t, X0)`` like Hyper-SET's
     layer (``t`` and ``X0`` are unused: the same weights at every iteration, no conditioning)."""
 
-    def __init__(self, d: int, n_heads: int, ff_dim: int | None = None):
+    def __init__(self, d: int, n_heads: int, ff_dim: int | None = None, norm: str = "layernorm",
+                 bias: bool = True):
         super().__init__()
         resolve_head_dim(d, n_heads, explicit_ok=False)
+        if norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
         self.n_heads = n_heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = MLP(d, ff_dim if ff_dim is not None else 4 * d, act="relu")
+        Norm = nn.LayerNorm if norm == "layernorm" else nn.RMSNorm
+        self.ln1, self.ln2 = Norm(d), Norm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
+        self.mlp = MLP(d, ff_dim if ff_dim is not None else 4 * d, act="relu", bias=bias)
 
     def forward(self, X: torch.Tensor, t: int = 0, X0: torch.Tensor | None = None) -> torch.Tensor:
         B, N, D = X.shape
@@ -43,15 +47,22 @@ class TransformerLayer(nn.Module):
 
 class RecurrentTransformer(HyperSETModel):
     """Same arguments as :class:`HyperSETModel` minus the Hyper-SET-specific ones (attention and
-    feed-forward kind, step sizes, LoRA); ``ff_dim`` defaults to ``4 d``."""
+    feed-forward kind, step sizes, LoRA, gains); ``ff_dim`` defaults to ``4 d``. ``norm="rmsnorm"``
+    and ``bias=False`` give the authors' baseline layer (pre-RMSNorm, no biases); ``head``,
+    ``patch_embed`` and ``init_std`` are :class:`HyperSETModel`'s."""
 
     def __init__(self, *, d: int, n_heads: int, n_iter: int, n_classes: int, n_positions: int,
                  vocab_size: int | None = None, patch_dim: int | None = None,
-                 ff_dim: int | None = None, pool: str = "none", positional: str = "learned"):
+                 ff_dim: int | None = None, pool: str = "none", positional: str = "learned",
+                 norm: str = "layernorm", bias: bool = True, head: str = "layernorm",
+                 patch_embed: str = "linear", init_std: float | None = None):
         super().__init__(d=d, n_heads=n_heads, n_iter=n_iter, n_classes=n_classes,
                          n_positions=n_positions, vocab_size=vocab_size, patch_dim=patch_dim,
-                         pool=pool, positional=positional)
-        self.layer = TransformerLayer(d, n_heads, ff_dim)
+                         pool=pool, positional=positional, head=head, patch_embed=patch_embed)
+        self.layer = TransformerLayer(d, n_heads, ff_dim, norm=norm, bias=bias)
+        self.init_std = init_std
+        if init_std is not None:
+            self.normal_init(init_std)
 
     def trajectory(self, x, n_iter=None):
         raise NotImplementedError("the recurrent Transformer is not an energy model: no energies")
