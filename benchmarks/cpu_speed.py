@@ -12,7 +12,7 @@ the median step time over rounds (each round's value is the median of its steps)
 (tokens per step over that median), and
 the median over rounds of the per-round ratio of its tokens/s to the Llama baseline's (and to the
 GPT's). Also recorded, because it does not depend on the machine's load: the bytes of activations
-saved for the backward pass per step (summed through ``torch.autograd.graph.saved_tensors_hooks``),
+saved for the backward pass per step (``cemlib.models.memory.lm_saved_activation_bytes``),
 the parameter count and the forward FLOPs per token.
 
 The goals (issue "the model code's speed on CPU"): Llama >= 1.0x the GPT's tokens/s; full CEM with
@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from cemlib.models.memory import lm_saved_activation_bytes
 from cemlib.train.experiments import build, get_config
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
@@ -91,21 +92,6 @@ class _Case:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def saved_activation_bytes(self) -> int:
-        """Bytes of the tensors autograd saves for backward in one forward (storage counted once)."""
-        seen: dict[int, int] = {}
-
-        def pack(t):
-            s = t.untyped_storage()
-            seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = self.loss()
-        del loss
-        params = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
-        return sum(n for ptr, n in seen.items() if ptr not in params)
-
 
 def run(keys, rounds: int, steps: int, warmup: int, threads: int) -> dict:
     torch.set_num_threads(threads)
@@ -131,7 +117,7 @@ def run(keys, rounds: int, steps: int, warmup: int, threads: int) -> dict:
                "batch": c.cfg.train.batch_size, "context_length": c.cfg.train.context_length,
                "model": dict(c.cfg.model), "median_step_s": statistics.median(c.times),
                "step_s_per_round": c.times, "tokens_per_s": c.tokens / statistics.median(c.times),
-               "saved_activation_bytes": c.saved_activation_bytes()}
+               "saved_activation_bytes": lm_saved_activation_bytes(c.model, c.x, c.y)}
         for ref in ("llama", "gpt"):
             if ref in by:
                 ratios = [a / b for a, b in zip(tps, (by[ref].tokens / t for t in by[ref].times))]
