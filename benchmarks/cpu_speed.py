@@ -54,6 +54,8 @@ VARIANTS = {
     "cem-mlp": ("Llama attention + CEM MLP", "shakespeare-cem-mlp", ()),
     "cem-mlp-pm": ("Llama attention + CEM MLP, param.-matched", "shakespeare-cem-mlp-pm", ()),
     "cem-attn-t2": ("CEM attention T = 2 + SwiGLU", "shakespeare-cem-attn-t2", ()),
+    "cem-attn-diag-none": ("CEM attention, no diagonal", "shakespeare-cem-attn-diag-none", ()),
+    "cem-attn-diag-head": ("CEM attention, per-head diagonal", "shakespeare-cem-attn-diag-head", ()),
     "cem-mlp-t2": ("Llama attention + CEM MLP T = 2", "shakespeare-cem-mlp-t2", ()),
     "cem-precond-diag": ("full CEM, T = 2, diagonal P", "shakespeare-cem-precond-diag", ()),
     "cem-precond-dplr": ("full CEM, T = 2, DPLR P", "shakespeare-cem-precond-dplr", ()),
@@ -132,6 +134,20 @@ def run(keys, rounds: int, steps: int, warmup: int, threads: int) -> dict:
     return {"rows": rows, "goals": goals}
 
 
+def _without_out(args: list[str]) -> list[str]:
+    """The arguments without ``--out PATH`` (where the file went is not part of the measurement,
+    and may be a path of the machine)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", nargs="+", default=list(DEFAULT), choices=sorted(VARIANTS),
@@ -153,7 +169,7 @@ def main(argv=None) -> int:
     out = {"schema": "cemlib.benchmarks.cpu_speed/1", "device": device, "versions": versions,
            "threads": a.threads, "git_commit": git_commit(), "dtype": "float32",
            "rounds": a.rounds, "steps_per_round": a.steps, "warmup": a.warmup,
-           "command": "python benchmarks/cpu_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+           "command": "python benchmarks/cpu_speed.py " + shlex.join(_without_out(sys.argv[1:] if argv is None else argv)),
            "wall_time_s": time.time() - t0, **res}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
