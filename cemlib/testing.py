@@ -23,7 +23,8 @@ def autograd_grad(energy_fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Te
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``||a - b|| / max(||b||, tiny)`` as a Python float."""
+    """``||a - b|| / max(||b||, tiny)`` as a Python float (inputs may carry autograd history)."""
+    a, b = a.detach(), b.detach()
     return float((a - b).norm() / b.norm().clamp_min(torch.finfo(b.dtype).tiny))
 
 

@@ -45,7 +45,7 @@ def test_ff2_energy_is_the_authors_two_layer_net():
     args = (net[0].weight, net[2].weight, "gelu", net[0].bias, net[2].bias)
     assert relative_error(en.ff2_energy(g, *args).detach(), theirs.detach()) < 1e-13
     their_grad = torch.func.grad(lambda t: -(net(t) ** 2).sum())(g)
-    assert relative_error(en.ff2_grad(g, *args).detach(), their_grad) < 1e-12
+    assert relative_error(en.ff2_grad(g, *args).detach(), their_grad.detach()) < 1e-12
 
 
 def test_ff2_block_shapes_and_exact_energy_gradient():
@@ -63,7 +63,7 @@ def test_learnable_ff_scale_scales_energy_and_update():
     blk = NRGPTBlock(D, H, learn_ff_scale=True).double()
     base = NRGPTBlock(D, H).double()
     base.load_state_dict({k: v for k, v in blk.state_dict().items() if k != "ff_scale"})
-    assert blk.ff_scale.requires_grad and float(blk.ff_scale) == 1.0
+    assert blk.ff_scale.requires_grad and float(blk.ff_scale.detach()) == 1.0
     with torch.no_grad():
         blk.ff_scale.fill_(0.3)
     x = _g(5)
@@ -83,7 +83,7 @@ def test_learnable_ff_scale_scales_energy_and_update():
 def test_rate_init_normal_is_the_authors_proj_linear():
     torch.manual_seed(5)
     blk = NRGPTBlock(32, 1, rate_init="normal", init_std=0.02)
-    eta = blk.rate_matrix()
+    eta = blk.rate_matrix().detach()
     assert not torch.allclose(eta, torch.eye(32))
     assert 0.015 < float(eta.std()) < 0.025 and abs(float(eta.mean())) < 0.005
     x = _g(6, (2, N, 32))

@@ -578,3 +578,86 @@ for _arch in ("hyperset", "transformer"):
                   "optim": dict(lr=1e-3, beta2=0.999, weight_decay=5e-5, warmup_steps=100, min_lr_ratio=0.01),
                   "train": dict(max_steps=4000, batch_size=128, eval_interval=500, eval_batches=10,
                                 log_interval=50)})))
+
+
+# ------------------------------------------------------------------------------ chapter 10: one benchmark
+# CEM, NRGPT, Newton attention (MHA2nd1st) and Hyper-SET next to the Llama and GPT baselines, one
+# protocol per task: the same data, optimiser, schedule, batch and steps (so the same training
+# tokens), the same depth (cpu: 4 layers or 4 recurrent steps, 2 heads; gpu: 6 and 4 heads),
+# dropout 0 and no torch.compile for all; otherwise each model's own defaults. Widths are chosen so
+# that the trainable-parameter counts of one task agree within BENCH_PARAM_TOLERANCE (largest /
+# smallest - 1; tests/test_bench_experiments.py computes them from the built models). Hyper-SET's
+# bi-softmax energy couples every pair of tokens both ways and has no causal form, so it runs on
+# ListOps only, where ``task.hide_answer`` takes the answer out of every model's inputs (a causal
+# model's predictions do not change).
+BENCH_PARAM_TOLERANCE = 0.05
+#: model -> (label, builder, its model kwargs at width d, depth L and h heads)
+BENCH_MODELS = {
+    "cem": ("full CEM (CEM attention and CEM MLP, T = 1)", _build_lm,
+            lambda d, L, h: {"attn": "cem", "mlp": "cem", "d_model": d, "n_layers": L, "n_heads": h}),
+    "nrgpt": ("NRGPT (FF2W energy, learned rate matrix), one block iterated", _build_token_model,
+              lambda d, L, h: {"arch": "nrgpt", "ff": "ff2w", "d_model": d, "n_heads": h, "n_steps": L}),
+    "newton": ("Newton attention MHA2nd1st with a ReLU FFN", _build_newton,
+               lambda d, L, h: {"attn": "mha2nd1st", "d_model": d, "n_layers": L, "n_heads": h,
+                                "dropout": 0.0}),
+    "hyperset": ("Hyper-SET (bi-softmax attention, tied ReLU FF, learned step sizes), one layer "
+                 "iterated", None, lambda d, L, h: {"d": d, "n_heads": h, "n_iter": L}),
+    "llama": ("Llama baseline (RoPE attention, SwiGLU)", _build_lm,
+              lambda d, L, h: {"attn": "llama", "mlp": "llama", "d_model": d, "n_layers": L, "n_heads": h}),
+    "gpt": ("GPT-2 baseline", _build_token_model,
+            lambda d, L, h: {"arch": "gpt", "d_model": d, "n_heads": h, "n_layers": L}),
+}
+#: task -> model -> (cpu width, gpu width): parameter-matched (see the tolerance above)
+BENCH_WIDTHS = {
+    "shakespeare": {"cem": (82, 328), "nrgpt": (130, 592), "newton": (68, 268), "llama": (64, 256),
+                    "gpt": (64, 256)},
+    "listops": {"cem": (62, 176), "nrgpt": (98, 320), "newton": (50, 144), "hyperset": (104, 464),
+                "llama": (48, 136), "gpt": (48, 136)},
+}
+BENCH_STEPS = {"shakespeare": 1000, "listops": 1500}  # cpu presets; see the chapter's budget
+
+
+def _build_answer_hyperset(kwargs: dict, task: Task) -> nn.Module:
+    """Hyper-SET on an answer-prediction task: per-position logits over the vocabulary."""
+    from cemlib.models.hyperset import HyperSETModel
+    V, C = task.info["vocab_size"], task.info["context_length"]
+    return _construct(HyperSETModel, vocab_size=V, n_classes=V, n_positions=C, **kwargs)
+
+
+def _hyperset_class():
+    from cemlib.models.hyperset import HyperSETModel
+    return HyperSETModel
+
+
+_build_answer_hyperset.model_fields = _fields(_hyperset_class, ("n_classes", "n_positions", "vocab_size",
+                                                                "patch_dim"))
+_BENCH_TASKS = {
+    "shakespeare": ("character-level tiny Shakespeare", {
+        "cpu": {"task": {}, "optim": dict(lr=3e-3, beta2=0.99, warmup_steps=50, min_lr_ratio=0.1),
+                "train": dict(max_steps=BENCH_STEPS["shakespeare"], batch_size=16, context_length=64,
+                              eval_interval=100, eval_batches=8, log_interval=10)},
+        "gpu": {"task": {}, "optim": dict(lr=1e-3, beta2=0.99, warmup_steps=100, min_lr_ratio=0.1),
+                "train": dict(max_steps=5000, batch_size=64, context_length=256, eval_interval=500,
+                              eval_batches=100, log_interval=10)}}),
+    "listops": ("ListOps (MAX, MEDIAN, SUM mod 20), the answer after '=' hidden from the inputs", {
+        "cpu": {"task": {"n_train": 10_000, "n_test": 500, "val_fraction": 0.05, "hide_answer": True},
+                "optim": dict(lr=3e-3, beta2=0.99, weight_decay=0.1, warmup_steps=50, min_lr_ratio=0.04),
+                "train": dict(max_steps=BENCH_STEPS["listops"], batch_size=32, eval_interval=250,
+                              eval_batches=4, log_interval=10)},
+        "gpu": {"task": {"n_train": 50_000, "n_test": 2_000, "hide_answer": True},
+                "optim": dict(lr=1e-3, beta2=0.99, weight_decay=0.1, warmup_steps=200, min_lr_ratio=0.04),
+                "train": dict(max_steps=10_000, batch_size=64, eval_interval=1000, eval_batches=50,
+                              log_interval=50)}}),
+}
+for _task, (_what, _p) in _BENCH_TASKS.items():
+    for _model, (_d_cpu, _d_gpu) in BENCH_WIDTHS[_task].items():
+        _label, _builder, _kwargs = BENCH_MODELS[_model]
+        _builder = _builder or _build_answer_hyperset
+        _n = f"bench-{_task}-{_model}"
+        _gpu_model = _kwargs(_d_gpu, 6, 4)
+        if _builder is _build_lm:
+            _gpu_model["check_finite"] = False  # the trainer checks loss and gradients every step
+        register(Experiment(
+            _n, f"chapter 10 benchmark, {_what}: {_label}", _builder,
+            _presets(_n, _task, {**_p["cpu"], "model": _kwargs(_d_cpu, 4, 2)},
+                     {**_p["gpu"], "model": _gpu_model})))

@@ -106,18 +106,25 @@ def _own_corpus(path, val_fraction: float):
 
 def _listops(cfg, *, n_train: int = 50_000, n_test: int = 2_000, modulus: int = 20, max_depth: int = 2,
              min_args: int = 2, max_args: int = 3, func_prob: float = 0.25, val_fraction: float = 0.1,
-             loss_on: str = "answer", data_seed: int = 0) -> Task:
+             loss_on: str = "answer", hide_answer: bool = False, data_seed: int = 0) -> Task:
     """``loss_on="answer"``: loss on the answer token only; ``"all"``: on every next token of the
-    equation (padding excluded); the accuracy always scores the answer."""
+    equation (padding excluded); the accuracy always scores the answer. ``hide_answer=True``
+    replaces the answer token (and the padding after it) in the *inputs* by ``<pad>``, so that a
+    bidirectional model (Hyper-SET) cannot read the answer it predicts at ``=``; a causal model's
+    logits at the scored positions are unchanged (it never sees columns after ``=``)."""
     from cemlib.data.listops import make_listops
     if loss_on not in ("answer", "all"):
         raise ConfigError(f"task.loss_on must be 'answer' or 'all', got {loss_on!r}")
+    if not isinstance(hide_answer, bool):
+        raise ConfigError(f"task.hide_answer must be true or false, got {hide_answer!r}")
     s = make_listops(n_train, n_test, seed=data_seed, modulus=modulus, max_depth=max_depth,
                      min_args=min_args, max_args=max_args, func_prob=func_prob)
 
     def arrays(ds, idx=None):
         x, y = _stack(ds)
         mask = y != IGNORE_INDEX
+        if hide_answer:  # columns answer_pos.. of the inputs (the answer, then padding) -> <pad>
+            x = x.masked_fill(torch.arange(x.shape[1]) >= ds.answer_pos[:, None], s.tokenizer.pad_id)
         if loss_on == "all":
             y = ds.tokens[:, 1:].masked_fill(ds.tokens[:, 1:] == s.tokenizer.pad_id, IGNORE_INDEX)
         return (x, y, mask) if idx is None else (x[idx], y[idx], mask[idx])
