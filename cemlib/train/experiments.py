@@ -28,7 +28,6 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from torch import nn

@@ -28,7 +28,7 @@ import torch
 
 from cemlib.utils import check_positive_int, check_tensor
 from cemlib.viz.landscape import contour_panel
-from cemlib.viz.widgets import control_columns, kernel_note, step_controls
+from cemlib.viz.widgets import finish_explorer, step_controls
 
 __all__ = ["Landscape2D", "cem_attention_landscape", "cem_mlp_landscape", "energy_grid",
            "shared_levels", "descent_path", "plot_energy", "energy_small_multiples",
@@ -319,13 +319,7 @@ def _explorer_class():
                                       style=style)
                 self.params[name] = w
             self.eta, self.steps, self.x0, self.y0 = step_controls(start, eta, steps, xlim, ylim, eta_max=3.0)
-            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
-            self.info = W.Label()
-            controls_box = control_columns(list(self.params.values()), [self.eta, self.steps, self.x0, self.y0])
-            super().__init__(children=[kernel_note(), controls_box, self.image, self.info])
-            for w in (*self.params.values(), self.eta, self.steps, self.x0, self.y0):
-                w.observe(self._redraw, names="value")
-            self._redraw()
+            finish_explorer(self, [list(self.params.values()), [self.eta, self.steps, self.x0, self.y0]])
 
         def values(self) -> dict:
             return {name: w.value for name, w in self.params.items()}

@@ -72,7 +72,7 @@ def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float 
 def _explorer_class():
     import ipywidgets as W
 
-    from cemlib.viz.widgets import control_columns, kernel_note
+    from cemlib.viz.widgets import finish_explorer
 
     class GPSliceExplorer(W.VBox):
         """Kernel, lengthscale, period, RQ α and seed; three draws along the cube's diagonal below."""
@@ -88,12 +88,7 @@ def _explorer_class():
             self.alpha = W.FloatLogSlider(value=1.0, base=10, min=-1, max=3, step=0.1, description="RQ α",
                                           style=st)
             self.seed = W.IntSlider(value=0, min=0, max=20, description="seed", style=st)
-            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
-            controls = control_columns([self.kernel, self.ell, self.seed], [self.period, self.alpha])
-            super().__init__(children=[kernel_note(), controls, self.image])
-            for w in (self.kernel, self.ell, self.period, self.alpha, self.seed):
-                w.observe(self._redraw, names="value")
-            self._redraw()
+            finish_explorer(self, [[self.kernel, self.ell, self.seed], [self.period, self.alpha]], info=False)
 
         def _redraw(self, change=None):
             self.image.value = render_gp_png(self.kernel.value, self.ell.value, self.seed.value,

@@ -195,7 +195,7 @@ def render_circle_flow_png(flow: str, beta: float, step: float, steps: int, n_to
 def _explorer_class():
     import ipywidgets as W
 
-    from cemlib.viz.widgets import control_columns, kernel_note
+    from cemlib.viz.widgets import finish_explorer
 
     class CircleFlowExplorer(W.VBox):
         """Sliders for beta, step size, steps, number of tokens; the flow; the picture below."""
@@ -211,13 +211,7 @@ def _explorer_class():
             self.n = W.IntSlider(value=n_tokens, min=2, max=40, description="tokens N", style=st)
             self.flow = W.Dropdown(options=[(v, k) for k, v in FLOWS.items()], value=flow,
                                    description="flow", style=st)
-            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
-            self.info = W.Label()
-            controls = control_columns([self.beta, self.step, self.flow], [self.steps, self.n])
-            super().__init__(children=[kernel_note(), controls, self.image, self.info])
-            for w in (self.beta, self.step, self.steps, self.n, self.flow):
-                w.observe(self._redraw, names="value")
-            self._redraw()
+            finish_explorer(self, [[self.beta, self.step, self.flow], [self.steps, self.n]])
 
         def _redraw(self, change=None):
             png, run = render_circle_flow_png(self.flow.value, self.beta.value, self.step.value,

@@ -147,7 +147,7 @@ def render_token_energy_png(c: float, gamma_spread: float, steps: int, rate: str
 def _explorer_class():
     import ipywidgets as W
 
-    from cemlib.viz.widgets import control_columns, kernel_note
+    from cemlib.viz.widgets import finish_explorer
 
     class TokenEnergyExplorer(W.VBox):
         """Step size c, gain spread s, number of steps and the rate; the trajectories below."""
@@ -162,13 +162,7 @@ def _explorer_class():
             self.steps = W.IntSlider(value=steps, min=1, max=100, description="steps", style=st)
             self.rate = W.Dropdown(options=[("η = c diag(γ)", "gamma"), ("η = c I", "identity")],
                                    value=rate, description="inference rate", style=st)
-            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
-            self.info = W.Label()
-            controls = control_columns([self.c, self.spread], [self.steps, self.rate])
-            super().__init__(children=[kernel_note(), controls, self.image, self.info])
-            for w in (self.c, self.spread, self.steps, self.rate):
-                w.observe(self._redraw, names="value")
-            self._redraw()
+            finish_explorer(self, [[self.c, self.spread], [self.steps, self.rate]])
 
         def _redraw(self, change=None):
             png, n, n1 = render_token_energy_png(self.c.value, self.spread.value, self.steps.value,

@@ -21,7 +21,8 @@ from cemlib.utils import check_tensor
 from cemlib.viz.landscape import plot_landscape, plot_trajectory
 from cemlib.viz.style import STYLE_PATH
 
-__all__ = ["render_landscape_png", "landscape_explorer", "kernel_note", "step_controls", "control_columns"]
+__all__ = ["render_landscape_png", "landscape_explorer", "kernel_note", "step_controls", "control_columns",
+           "finish_explorer"]
 
 RULES = ("cccp", "gradient")
 
@@ -87,6 +88,25 @@ def control_columns(*columns):
     return W.HBox([W.VBox(list(c)) for c in columns], layout=W.Layout(flex_flow="row wrap"))
 
 
+def finish_explorer(box, columns, info: bool = True) -> None:
+    """Complete the ``VBox`` explorer ``box`` (called from its ``__init__`` once its controls exist):
+    the kernel note, the ``columns`` of controls (see :func:`control_columns`), a PNG image
+    ``box.image`` and, with ``info``, a text line ``box.info`` below it; every control redraws on a
+    change (``box._redraw``), and the first drawing is made here."""
+    import ipywidgets as W
+
+    box.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
+    children = [kernel_note(), control_columns(*columns), box.image]
+    if info:
+        box.info = W.Label()
+        children.append(box.info)
+    W.VBox.__init__(box, children=children)
+    for column in columns:
+        for w in column:
+            w.observe(box._redraw, names="value")
+    box._redraw()
+
+
 @functools.lru_cache(maxsize=None)
 def _explorer_class():
     import ipywidgets as W
@@ -102,13 +122,7 @@ def _explorer_class():
             self.rule = W.Dropdown(options=[("CCCP (η = 1)", "cccp"), ("gradient step", "gradient")],
                                    value=rule, description="update rule", style=style)
             self.eta, self.steps, self.x0, self.y0 = step_controls(start, eta, steps, xlim, ylim)
-            self.image = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
-            self.info = W.Label()
-            controls = control_columns([self.beta, self.eta, self.rule], [self.steps, self.x0, self.y0])
-            super().__init__(children=[kernel_note(), controls, self.image, self.info])
-            for w in (self.beta, self.eta, self.rule, self.steps, self.x0, self.y0):
-                w.observe(self._redraw, names="value")
-            self._redraw()
+            finish_explorer(self, [[self.beta, self.eta, self.rule], [self.steps, self.x0, self.y0]])
 
         def _redraw(self, change=None):
             self.eta.disabled = self.rule.value == "cccp"
