@@ -480,7 +480,10 @@ def _build_recurrent(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.recurrent_transformer import RecurrentTransformer
     cls, kw = _pick_arch(kwargs, {"hyperset": HyperSETModel, "transformer": RecurrentTransformer})
     info = task.info
-    io = {"n_classes": info["n_classes"], "n_positions": info["n_positions"]}
+    # an answer task (ListOps) has no class count or positions of its own: logits over the
+    # vocabulary at every one of its context_length positions
+    io = {"n_classes": info.get("n_classes", info.get("vocab_size")),
+          "n_positions": info.get("n_positions", info.get("context_length"))}
     if "vocab_size" in info:
         io["vocab_size"] = info["vocab_size"]
     else:
@@ -600,7 +603,8 @@ BENCH_MODELS = {
                lambda d, L, h: {"attn": "mha2nd1st", "d_model": d, "n_layers": L, "n_heads": h,
                                 "dropout": 0.0}),
     "hyperset": ("Hyper-SET (bi-softmax attention, tied ReLU FF, learned step sizes), one layer "
-                 "iterated", None, lambda d, L, h: {"d": d, "n_heads": h, "n_iter": L}),
+                 "iterated", _build_recurrent, lambda d, L, h: {"arch": "hyperset", "d": d, "n_heads": h,
+                                                               "n_iter": L}),
     "llama": ("Llama baseline (RoPE attention, SwiGLU)", _build_lm,
               lambda d, L, h: {"attn": "llama", "mlp": "llama", "d_model": d, "n_layers": L, "n_heads": h}),
     "gpt": ("GPT-2 baseline", _build_token_model,
@@ -616,20 +620,6 @@ BENCH_WIDTHS = {
 BENCH_STEPS = {"shakespeare": 1000, "listops": 1500}  # cpu presets; see the chapter's budget
 
 
-def _build_answer_hyperset(kwargs: dict, task: Task) -> nn.Module:
-    """Hyper-SET on an answer-prediction task: per-position logits over the vocabulary."""
-    from cemlib.models.hyperset import HyperSETModel
-    V, C = task.info["vocab_size"], task.info["context_length"]
-    return _construct(HyperSETModel, vocab_size=V, n_classes=V, n_positions=C, **kwargs)
-
-
-def _hyperset_class():
-    from cemlib.models.hyperset import HyperSETModel
-    return HyperSETModel
-
-
-_build_answer_hyperset.model_fields = _fields(_hyperset_class, ("n_classes", "n_positions", "vocab_size",
-                                                                "patch_dim"))
 _BENCH_TASKS = {
     "shakespeare": ("character-level tiny Shakespeare", {
         "cpu": {"task": {}, "optim": dict(lr=3e-3, beta2=0.99, warmup_steps=50, min_lr_ratio=0.1),
@@ -651,7 +641,6 @@ _BENCH_TASKS = {
 for _task, (_what, _p) in _BENCH_TASKS.items():
     for _model, (_d_cpu, _d_gpu) in BENCH_WIDTHS[_task].items():
         _label, _builder, _kwargs = BENCH_MODELS[_model]
-        _builder = _builder or _build_answer_hyperset
         _n = f"bench-{_task}-{_model}"
         _gpu_model = _kwargs(_d_gpu, 6, 4)
         if _builder is _build_lm:
