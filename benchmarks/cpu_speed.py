@@ -3,8 +3,12 @@
 Every chapter and every CI run trains these models on a CPU, so their CPU speed matters. This script
 builds each model exactly as the trainer does (``cemlib.train.experiments.get_config`` / ``build``,
 cpu preset, same width, depth, heads, context and batch) and times one full training step: forward,
-cross-entropy, backward, gradient clipping and the AdamW update, on a fixed random batch (the time
-does not depend on the data).
+the task's loss, backward, gradient clipping and the AdamW update, on the task's first training
+batch (the time does not depend on the data).
+
+``--suite bench-shakespeare`` / ``--suite bench-listops`` time the parameter-matched models of the
+chapter 10 benchmark instead (the ``bench-*`` experiments, every model of the task), with the
+ratios to that benchmark's Llama and GPT.
 
 Timing is *interleaved*: each round times every model for ``--steps`` steps in turn (the order
 rotates every round), so a slow phase of a shared machine hits all models alike. Reported per model:
@@ -20,6 +24,7 @@ T = 1 >= 0.9x Llama; T = 2 >= 0.55x Llama. The JSON records each ratio next to i
 
     python benchmarks/cpu_speed.py                      # -> benchmarks/results/cpu_speed.json
     python benchmarks/cpu_speed.py --rounds 3 --steps 3 --out /tmp/quick.json
+    python benchmarks/cpu_speed.py --suite bench-listops # -> benchmarks/results/cpu_speed_bench_listops.json
 """
 
 from __future__ import annotations
@@ -33,10 +38,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from cemlib.models.memory import lm_saved_activation_bytes
-from cemlib.train.experiments import build, get_config
+from cemlib.models.memory import saved_activation_bytes
+from cemlib.train.experiments import BENCH_MODELS, BENCH_WIDTHS, build, get_config
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
 
@@ -66,27 +70,33 @@ DEFAULT = ("gpt", "llama", "cem", "cem-t2")
 GOALS = {("llama", "gpt"): 1.0, ("cem", "llama"): 0.9, ("cem-t2", "llama"): 0.55}
 
 
+def _bench_variants(task: str) -> dict:
+    """The chapter 10 benchmark's models of ``task``, keyed by model name."""
+    return {m: (BENCH_MODELS[m][0], f"bench-{task}-{m}", ()) for m in BENCH_WIDTHS[task]}
+
+
+#: suite -> (its variants, the default selection, the goals checked)
+SUITES = {"shakespeare": (VARIANTS, DEFAULT, GOALS),
+          **{f"bench-{t}": (_bench_variants(t), tuple(BENCH_WIDTHS[t]), {}) for t in BENCH_WIDTHS}}
+
+
 class _Case:
     """One model ready to step: built as the trainer builds it, with its optimizer and batch."""
 
-    def __init__(self, key: str):
+    def __init__(self, key: str, variant: tuple):
         self.key = key
-        self.label, self.experiment, self.overrides = VARIANTS[key]
+        self.label, self.experiment, self.overrides = variant
         self.cfg = get_config(self.experiment, "cpu", list(self.overrides))
-        self.model, task = build(self.cfg)
+        self.model, self.task = build(self.cfg)
         self.model.train()
         self.opt = make_optimizer(self.model, self.cfg.optim)
-        self.vocab = task.info["vocab_size"]
-        B, L = self.cfg.train.batch_size, self.cfg.train.context_length
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randint(0, self.vocab, (B, L), generator=g)
-        self.y = torch.randint(0, self.vocab, (B, L), generator=g)
-        self.tokens = B * L
+        B = self.cfg.train.batch_size
+        self.batch = self.task.train.batch(0, B)
+        self.tokens = B * self.task.tokens_per_example
         self.times: list[float] = []
 
     def loss(self) -> torch.Tensor:
-        logits = self.model(self.x)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.y.reshape(-1))
+        return self.task.loss(self.model, self.batch)
 
     def step(self) -> None:
         self.loss().backward()
@@ -95,9 +105,10 @@ class _Case:
         self.opt.zero_grad(set_to_none=True)
 
 
-def run(keys, rounds: int, steps: int, warmup: int, threads: int) -> dict:
+def run(keys, rounds: int, steps: int, warmup: int, threads: int, suite: str = "shakespeare") -> dict:
+    variants, _, goals_of_suite = SUITES[suite]
     torch.set_num_threads(threads)
-    cases = [_Case(k) for k in keys]
+    cases = [_Case(k, variants[k]) for k in keys]
     for c in cases:
         for _ in range(warmup):
             c.step()
@@ -116,17 +127,17 @@ def run(keys, rounds: int, steps: int, warmup: int, threads: int) -> dict:
         tps = [c.tokens / t for t in c.times]
         row = {"key": c.key, "variant": c.label, "experiment": c.experiment,
                "overrides": list(c.overrides), "params": sum(p.numel() for p in c.model.parameters()),
-               "batch": c.cfg.train.batch_size, "context_length": c.cfg.train.context_length,
+               "batch": c.cfg.train.batch_size, "tokens_per_step": c.tokens,
                "model": dict(c.cfg.model), "median_step_s": statistics.median(c.times),
                "step_s_per_round": c.times, "tokens_per_s": c.tokens / statistics.median(c.times),
-               "saved_activation_bytes": lm_saved_activation_bytes(c.model, c.x, c.y)}
+               "saved_activation_bytes": saved_activation_bytes(c.loss, exclude=list(c.model.parameters()))}
         for ref in ("llama", "gpt"):
             if ref in by:
                 ratios = [a / b for a, b in zip(tps, (by[ref].tokens / t for t in by[ref].times))]
                 row[f"ratio_to_{ref}"] = statistics.median(ratios)
         rows.append(row)
     goals = []
-    for (k, ref), goal in GOALS.items():
+    for (k, ref), goal in goals_of_suite.items():
         if k in by and ref in by:
             ratio = next(r[f"ratio_to_{ref}"] for r in rows if r["key"] == k)
             goals.append({"variant": k, "reference": ref, "goal": goal, "ratio": ratio,
@@ -150,31 +161,43 @@ def _without_out(args: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", nargs="+", default=list(DEFAULT), choices=sorted(VARIANTS),
-                   help=f"models to time (default: {' '.join(DEFAULT)}; 'all' is not a choice)")
+    p.add_argument("--suite", default="shakespeare", choices=sorted(SUITES),
+                   help="the book's Shakespeare variants (default) or a chapter 10 benchmark task")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help=f"models of the suite to time (default for shakespeare: {' '.join(DEFAULT)}; "
+                        "for a benchmark suite: all of its models)")
     p.add_argument("--all", action="store_true", help="time every variant (the book's chapter 5 table)")
     p.add_argument("--rounds", type=int, default=11, help="interleaved rounds (default 11)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per model and round (default 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per model first (default 3)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1, as the book's chapters)")
-    p.add_argument("--out", default="benchmarks/results/cpu_speed.json")
+    p.add_argument("--out", default=None, help="output JSON (default benchmarks/results/cpu_speed.json, "
+                                               "or cpu_speed_<suite>.json for a benchmark suite)")
     a = p.parse_args(argv)
-    keys = sorted(VARIANTS, key=list(VARIANTS).index) if a.all else a.variants
+    variants, default, _ = SUITES[a.suite]
+    keys = list(variants) if a.all else list(a.variants or default)
+    unknown = [k for k in keys if k not in variants]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)} for suite {a.suite}; choose from "
+                f"{', '.join(variants)}")
     if "llama" not in keys:
-        keys = ["llama"] + list(keys)
+        keys = ["llama"] + keys
+    if a.out is None:
+        a.out = "benchmarks/results/cpu_speed" + ("" if a.suite == "shakespeare" else
+                                                  "_" + a.suite.replace("-", "_")) + ".json"
     t0 = time.time()
-    res = run(keys, a.rounds, a.steps, a.warmup, a.threads)
+    res = run(keys, a.rounds, a.steps, a.warmup, a.threads, a.suite)
     device, versions = environment_info(torch.device("cpu"))
     out = {"schema": "cemlib.benchmarks.cpu_speed/1", "device": device, "versions": versions,
-           "threads": a.threads, "git_commit": git_commit(), "dtype": "float32",
+           "suite": a.suite, "threads": a.threads, "git_commit": git_commit(), "dtype": "float32",
            "rounds": a.rounds, "steps_per_round": a.steps, "warmup": a.warmup,
            "command": "python benchmarks/cpu_speed.py " + shlex.join(_without_out(sys.argv[1:] if argv is None else argv)),
            "wall_time_s": time.time() - t0, **res}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     for r in res["rows"]:
-        print(f"{r['variant']:45s} {r['tokens_per_s']:9.0f} tok/s  x{r['ratio_to_llama']:.3f} Llama"
+        print(f"{r['variant'][:45]:45s} {r['tokens_per_s']:9.0f} tok/s  x{r['ratio_to_llama']:.3f} Llama"
               + (f"  x{r['ratio_to_gpt']:.3f} GPT" if "ratio_to_gpt" in r else "")
               + f"  saved {r['saved_activation_bytes'] / 2**20:6.1f} MiB")
     for g in res["goals"]:

@@ -45,7 +45,8 @@ def test_cpu_speed_benchmark_smoke(tmp_path):
     assert rows["llama"]["ratio_to_llama"] == 1.0 and rows["gpt"]["ratio_to_gpt"] == 1.0
     for r in rows.values():
         assert len(r["step_s_per_round"]) == 2 and r["tokens_per_s"] > 0
-        assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["context_length"] / r["median_step_s"])
+        assert r["tokens_per_step"] == r["batch"] * 64  # the cpu presets' context
+        assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["median_step_s"])
         assert r["saved_activation_bytes"] > 0
     # the models are the trained ones: same parameter counts as the stored cpu results
     stored = json.loads((ROOT / "book/results/shakespeare_blocks_cpu/shakespeare_llama__seed0.json").read_text())
@@ -54,3 +55,21 @@ def test_cpu_speed_benchmark_smoke(tmp_path):
     assert rows["cem-t2"]["saved_activation_bytes"] > rows["cem"]["saved_activation_bytes"]
     assert {(g["variant"], g["reference"]) for g in d["goals"]} == {("llama", "gpt"), ("cem", "llama"),
                                                                     ("cem-t2", "llama")}
+
+
+def test_cpu_speed_benchmark_suite_smoke(tmp_path):
+    """The chapter 10 suite times every model of the task, built as its benchmark experiment."""
+    from cemlib.train.experiments import BENCH_WIDTHS
+    d = _run(["benchmarks/cpu_speed.py", "--suite", "bench-listops", "--rounds", "1", "--steps", "1",
+              "--warmup", "0"], tmp_path, "cpu_speed_bench")
+    rows = {r["key"]: r for r in d["rows"]}
+    assert d["suite"] == "bench-listops" and set(rows) == set(BENCH_WIDTHS["listops"]) and d["goals"] == []
+    for key, r in rows.items():
+        assert r["experiment"] == f"bench-listops-{key}" and r["tokens_per_step"] == 32 * 30
+        assert r["saved_activation_bytes"] > 0 and r["ratio_to_llama"] > 0
+    # the same parameter counts as the stored benchmark runs
+    stored = json.loads((ROOT / "book/results/bench_listops_cpu/bench_listops_nrgpt__seed0.json").read_text())
+    assert rows["nrgpt"]["params"] == stored["num_parameters"]
+    r = subprocess.run([sys.executable, "benchmarks/cpu_speed.py", "--suite", "bench-listops",
+                        "--variants", "cem-t2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "unknown variant" in r.stderr

@@ -6,8 +6,9 @@ from cemlib.models.newton_transformer import NewtonTransformer
 from cemlib.models.nrgpt import GPTModel, NRGPTModel, RecurrentGPTModel
 from cemlib.models.recurrent_transformer import RecurrentTransformer
 from cemlib.models.regression import MLPRegressor
+from cemlib.models.probes import DepthEnergies, energy_along_depth
 from cemlib.models.params import count_parameters, flops_per_token, meta_model, table1_config, table1_report
 
 __all__ = ["LMConfig", "LanguageModel", "NRGPTModel", "RecurrentGPTModel", "GPTModel", "HyperSETModel",
            "RecurrentTransformer", "NewtonTransformer", "MLPRegressor",
-           "count_parameters", "flops_per_token", "meta_model", "table1_config", "table1_report"]
+           "DepthEnergies", "energy_along_depth", "count_parameters", "flops_per_token", "meta_model", "table1_config", "table1_report"]
