@@ -67,6 +67,8 @@ def test_cpu_speed_benchmark_suite_smoke(tmp_path):
     for key, r in rows.items():
         assert r["experiment"] == f"bench-listops-{key}" and r["tokens_per_step"] == 32 * 30
         assert r["saved_activation_bytes"] > 0 and r["ratio_to_llama"] > 0
+    # one block iterated 4 times costs about 4 blocks: more FLOPs than a 4-layer model of its size
+    assert rows["nrgpt"]["forward_flops_per_token"] > 2 * rows["gpt"]["forward_flops_per_token"]
     # the same parameter counts as the stored benchmark runs
     stored = json.loads((ROOT / "book/results/bench_listops_cpu/bench_listops_nrgpt__seed0.json").read_text())
     assert rows["nrgpt"]["params"] == stored["num_parameters"]
