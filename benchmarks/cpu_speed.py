@@ -18,7 +18,7 @@ the median over rounds of the per-round ratio of its tokens/s to the Llama basel
 GPT's). Also recorded, because they do not depend on the machine's load: the bytes of activations
 saved for the backward pass per step (``cemlib.models.memory.saved_activation_bytes`` of the
 loss), the parameter count and the forward FLOPs per token of matrix products as PyTorch counts
-them (``torch.utils.flop_counter.FlopCounterMode`` on one forward and loss: every matmul, einsum
+them (``cemlib.train.flops.counted_flops`` of one forward and loss: every matmul, einsum
 and attention product, whatever the model's weight sharing; elementwise work is not counted).
 
 The goals (issue "the model code's speed on CPU"): Llama >= 1.0x the GPT's tokens/s; full CEM with
@@ -40,10 +40,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from cemlib.models.memory import saved_activation_bytes
 from cemlib.train.experiments import BENCH_MODELS, BENCH_WIDTHS, build, get_config
+from cemlib.train.flops import counted_flops
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
 
@@ -101,12 +101,6 @@ class _Case:
     def loss(self) -> torch.Tensor:
         return self.task.loss(self.model, self.batch)
 
-    def forward_flops_per_token(self) -> float:
-        """Matrix-product FLOPs of one forward and loss, per token (PyTorch's flop counter)."""
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            self.loss()
-        return counter.get_total_flops() / self.tokens
-
     def step(self) -> None:
         self.loss().backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
@@ -140,7 +134,7 @@ def run(keys, rounds: int, steps: int, warmup: int, threads: int, suite: str = "
                "model": dict(c.cfg.model), "median_step_s": statistics.median(c.times),
                "step_s_per_round": c.times, "tokens_per_s": c.tokens / statistics.median(c.times),
                "saved_activation_bytes": saved_activation_bytes(c.loss, exclude=list(c.model.parameters())),
-               "forward_flops_per_token": c.forward_flops_per_token()}
+               "forward_flops_per_token": counted_flops(c.loss) / c.tokens}
         for ref in ("llama", "gpt"):
             if ref in by:
                 ratios = [a / b for a, b in zip(tps, (by[ref].tokens / t for t in by[ref].times))]

@@ -72,3 +72,33 @@ def test_hide_answer_rejects_non_bool():
     cfg = get_config("bench-listops-gpt", "cpu", ["task.n_train=50", "task.n_test=5", 'task.hide_answer="yes"'])
     with pytest.raises(ConfigError, match="hide_answer"):
         build(cfg)
+
+
+def test_bench_model_builds_the_preset_at_any_width():
+    from cemlib.train.experiments import bench_model
+    from cemlib.train.task_data import make_task
+    cfg = get_config("bench-listops-hyperset", "cpu")
+    task = make_task(cfg)
+    registered = bench_model("listops", "hyperset", task=task)
+    reference = build(cfg)[0]
+    assert _n_params(registered) == _n_params(reference)
+    for p, q in zip(registered.parameters(), reference.parameters()):   # the same seeded initialisation
+        assert torch.equal(p, q)
+    wide = bench_model("listops", "hyperset", 2 * BENCH_WIDTHS["listops"]["hyperset"][0], task=task)
+    assert wide.layer.attention.d == 2 * BENCH_WIDTHS["listops"]["hyperset"][0]
+    assert bench_model("shakespeare", "cem", 40).config.d_model == 40
+    with pytest.raises(Exception, match="no benchmark model"):
+        bench_model("shakespeare", "hyperset")
+
+
+def test_counted_flops_counts_every_recurrent_step():
+    from cemlib.train.experiments import bench_model
+    from cemlib.train.flops import counted_flops
+    model = bench_model("listops", "nrgpt")
+    x = torch.zeros(2, 30, dtype=torch.long)
+    per_step = counted_flops(lambda: model(x))
+    model.n_steps *= 2
+    head_and_rest = 2 * per_step - counted_flops(lambda: model(x))   # what does not repeat
+    assert 0 < head_and_rest < 0.2 * per_step
+    with pytest.raises(TypeError):
+        counted_flops(3)

@@ -39,7 +39,7 @@ from cemlib.train.tasks import Task
 from cemlib.utils import seed_everything
 
 __all__ = ["Experiment", "register", "EXPERIMENTS", "get_config", "load_data", "build", "run_experiment",
-           "reproduce_command", "model_fields"]
+           "reproduce_command", "model_fields", "bench_model"]
 
 
 @dataclass(frozen=True)
@@ -649,3 +649,24 @@ for _task, (_what, _p) in _BENCH_TASKS.items():
             _n, f"chapter 10 benchmark, {_what}: {_label}", _builder,
             _presets(_n, _task, {**_p["cpu"], "model": _kwargs(_d_cpu, 4, 2)},
                      {**_p["gpu"], "model": _gpu_model})))
+
+
+def bench_model(task_name: str, model: str, width: int | None = None, preset: str = "cpu",
+                task: Task | None = None) -> nn.Module:
+    """The benchmark's ``model`` for ``task_name`` as its ``preset`` builds it, at ``width``
+    (default: the registered width of ``BENCH_WIDTHS``), initialised with the preset's seed.
+
+    ``task``: an already loaded task of the benchmark (the task options are the same for every model
+    of a task), so that building several models or widths loads the data once."""
+    if task_name not in BENCH_WIDTHS or model not in BENCH_WIDTHS[task_name]:
+        raise ConfigError(f"no benchmark model {model!r} for task {task_name!r}; known: "
+                          + ", ".join(f"{t}/{m}" for t, ms in BENCH_WIDTHS.items() for m in ms))
+    experiment = f"bench-{task_name}-{model}"
+    cfg = get_config(experiment, preset)
+    kwargs = dict(cfg.model)
+    if width is not None:
+        key = "d" if "d" in kwargs else "d_model"
+        kwargs[key] = width
+    task = make_task(cfg) if task is None else task
+    seed_everything(cfg.train.seed)
+    return EXPERIMENTS[experiment].build_model(kwargs, task)
