@@ -60,13 +60,14 @@ def test_curves_small_multiples_and_energy_depth(sweep):
     plt.close(fig)
     fig, ax = plt.subplots()
     layered = {"one_energy": False, "before_mean": [-2.0, 5.0, 1.0], "after_mean": [-3.0, 4.0, 0.5]}
-    V.plot_energy_depth(ax, layered, label="layered")
-    assert len(ax.lines) == 3
-    np.testing.assert_allclose(ax.lines[0].get_ydata(), [-1.0, -1.5])   # divided by |E_0| = 2
+    V.plot_energy_depth(ax, layered, label="layered", offset=0.2)
+    heights = [p.get_height() for p in ax.patches]
+    np.testing.assert_allclose(heights, [-0.5, -0.2, -0.5])          # relative change of each step's energy
+    assert ax.patches[0].get_x() + ax.patches[0].get_width() / 2 == pytest.approx(1.2)
     shared = {"one_energy": True, "before_mean": [4.0, 3.0], "after_mean": [3.0, 2.0],
               "trajectory_mean": [4.0, 3.0, 2.0, 2.5, 2.2, 2.1, 2.0], "trained_steps": 2}
     V.plot_energy_depth(ax, shared)
-    assert len(ax.lines) == 3 + 2 and list(ax.lines[3].get_ydata()) == [1.0, 0.75, 0.5, 0.625, 0.55, 0.525, 0.5]
+    assert len(ax.lines) == 2 and list(ax.lines[0].get_ydata()) == [1.0, 0.75, 0.5, 0.625, 0.55, 0.525, 0.5]
     plt.close(fig)
 
 

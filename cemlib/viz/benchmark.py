@@ -129,25 +129,24 @@ def bench_small_multiples(sweep: dict, metric: str, ncols: int = 3, zoom_from: f
 
 
 def plot_energy_depth(ax, row: dict, label: str | None = None, color=None, linestyle="-",
-                      trained_line: bool = True):
-    """One model's energy along depth from a row of ``benchmarks/energy_depth.py``'s JSON, divided
-    by ``|E|`` at the first step's input.
+                      offset: float = 0.0, width: float = 0.4, trained_line: bool = True):
+    """One model's energy along depth from a row of ``benchmarks/energy_depth.py``'s JSON.
 
-    A weight-shared model (``row["one_energy"]``) is drawn as its trajectory, past the trained depth
-    when recorded (a dotted line marks the trained depth); a layered model as one segment per step,
-    from its energy at the step's input to its energy at the output: the next step's energy is a
-    different function, so the segments do not join."""
-    scale = abs(row["before_mean"][0]) or 1.0
+    A weight-shared model (``row["one_energy"]``) descends one energy: it is drawn as its trajectory
+    (the mean energy divided by ``|E|`` at the first input), past the trained depth when recorded (a
+    dotted line marks the trained depth). A layered model has a different energy at every step, so
+    its steps are drawn as bars at steps ``1..S`` (shifted by ``offset``): each step's relative change
+    of its own energy, ``(E_after - E_before) / |E_before|`` of the means, negative for descent."""
     if row["one_energy"] and "trajectory_mean" in row:
-        E = np.asarray(row["trajectory_mean"]) / scale
+        E = np.asarray(row["trajectory_mean"])
+        E = E / (abs(E[0]) or 1.0)
         ax.plot(np.arange(len(E)), E, color=color, ls=linestyle, marker="o", ms=2.5, label=label)
         if trained_line:
             ax.axvline(row["trained_steps"], color="0.6", ls=":", lw=1)
         return ax
-    b, a = np.asarray(row["before_mean"]) / scale, np.asarray(row["after_mean"]) / scale
-    for s in range(len(b)):
-        ax.plot([s, s + 1], [b[s], a[s]], color=color, ls=linestyle, marker="o", ms=2.5,
-                label=label if s == 0 else None)
+    b, a = np.asarray(row["before_mean"]), np.asarray(row["after_mean"])
+    rel = (a - b) / np.where(b == 0, 1.0, np.abs(b))
+    ax.bar(np.arange(1, len(b) + 1) + offset, rel, width=width, color=color, label=label)
     return ax
 
 
