@@ -102,3 +102,14 @@ def test_counted_flops_counts_every_recurrent_step():
     assert 0 < head_and_rest < 0.2 * per_step
     with pytest.raises(TypeError):
         counted_flops(3)
+
+
+def test_counted_flops_counts_cpu_attention_like_explicit_attention():
+    """PyTorch's counter misses the CPU kernel of scaled_dot_product_attention; counted_flops adds it,
+    with the count of the same attention written as two matrix products."""
+    import torch.nn.functional as F
+    from cemlib.train.flops import counted_flops
+    q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
+    sdpa = counted_flops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    explicit = counted_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    assert sdpa == explicit == 2 * 2 * (2 * 4 * 16 * 16 * 8)
