@@ -97,6 +97,23 @@ def test_flops_per_token():
     assert flops_per_token(small(context_length=64, reuse_mlp=2)) == f[0] + n * 6 * D * F
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(), dict(attn="cem", mlp="cem"), dict(attn="cem", mlp="cem", diag="per_head"),
+    dict(attn="cem", mlp="cem", diag="none"), dict(attn="cem", mlp="cem", diag_grad="paper"),
+    dict(attn="cem", mlp="cem", T_attn=3, T_mlp=2),
+    dict(attn="cem", mlp="cem", precond_attn="dplr", precond_mlp="dplr", T_attn=2, T_mlp=2),
+    dict(attn="cem", reuse_attn=2), dict(mlp="cem", reuse_mlp=2)])
+def test_flops_per_token_equals_the_counted_matmuls(kwargs):
+    """The formula against PyTorch's count of every matrix product of one forward pass (at the full
+    context, as the formula assumes); the shared diagonal's value path is computed once for the head
+    sum when there is no preconditioner, and counted so."""
+    from cemlib.train.flops import counted_flops
+    cfg = small(context_length=16, n_heads=4, **kwargs)
+    model = LanguageModel(cfg)
+    idx = torch.zeros(2, 16, dtype=torch.long)
+    assert flops_per_token(cfg) == counted_flops(lambda: model(idx)) / idx.numel()
+
+
 def test_config_roundtrip_and_defaults():
     cfg = small(attn="cem", mlp="cem", T_attn=2)
     assert LMConfig.from_dict(cfg.to_dict()) == cfg

@@ -126,7 +126,10 @@ def flops_per_token(cfg: LMConfig) -> int:
         if cfg.diag != "none":
             step += 2 * L * D * (K if cfg.diag == "per_head" else 1)   # h_j . (d * u_i)
             if cfg.diag_grad == "exact":
-                step += 2 * L * D * K                   # sum_j alpha_kij hn_j per head
+                # sum_j alpha_kij hn_j: per head, or, with a shared diagonal and no preconditioner,
+                # once for the head sum (sum_k alpha_kij) hn_j, as CEMAttention.head_grads computes it
+                head_sum = cfg.diag == "shared" and cfg.precond_attn == "none"
+                step += 2 * L * D * (1 if head_sum else K)
         if cfg.precond_attn == "dplr":
             step += 2 * 4 * D * cfg.precond_rank_attn * K
         attn = 2 * D * KR + cfg.T_attn * step           # keys/values once
