@@ -178,3 +178,21 @@ def test_authors_setup_parameter_count(H_):
     # nanoGPT-style GPT with biases everywhere and a head bias
     per_block = 4 * Dm + (3 * Dm * Dm + 3 * Dm) + (Dm * Dm + Dm) + (8 * Dm * Dm + 5 * Dm)
     assert g.num_parameters() == V * Dm + L * Dm + 2 * per_block + 2 * Dm + Dm * V + V
+
+
+def test_frozen_rate_scale_fixes_eta_at_the_identity():
+    """rate='gamma', learn_gain=False, learn_rate_scale=False: eta = I, no trainable rate (claim 10)."""
+    import torch
+    from cemlib.layers.nrgpt import NRGPTBlock
+    blk = NRGPTBlock(8, 1, rate="gamma", learn_gain=False, learn_rate_scale=False).double()
+    torch.testing.assert_close(blk.rate_matrix(), torch.eye(8, dtype=torch.float64))
+    names = {n for n, _ in blk.named_parameters()}
+    assert "log_c" not in names and "log_c" in dict(blk.named_buffers())
+    assert "learn_rate_scale=False" in repr(blk)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    blk(x).sum().backward()                                   # trains without a rate parameter
+    assert "log_c" in {n for n, _ in NRGPTBlock(8, 1, rate="gamma").named_parameters()}
+    with pytest.raises(ValueError, match="applies to rate='gamma' only"):
+        NRGPTBlock(8, 1, rate="matrix", learn_rate_scale=False)
+    with pytest.raises(ValueError, match="must be a bool"):
+        NRGPTBlock(8, 1, rate="gamma", learn_rate_scale="no")

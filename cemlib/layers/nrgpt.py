@@ -82,7 +82,9 @@ class NRGPTBlock(EnergyLayer):
     ``norm`` in ``("layernorm", "rmsnorm", "none")``; ``learn_gain`` (False freezes gamma = 1, as the
     authors' ``BareLayerNorm``); ``mask`` ``"strict"`` (B<A, the paper) or ``"inclusive"`` (B<=A);
     ``beta`` (default ``1/sqrt(D/H)``, eq. 10); ``rate`` in ``("gamma", "matrix", "psd_skew")`` with
-    scale ``rate_scale`` (c) and ``rate_rank`` D' for ``psd_skew``; ``ff2w_form`` ``"exact"``/``"paper"``.
+    scale ``rate_scale`` (c) and ``rate_rank`` D' for ``psd_skew``; ``ff2w_form`` ``"exact"``/``"paper"``;
+    ``learn_rate_scale=False`` freezes c of the ``gamma`` rate (with ``learn_gain=False`` and
+    ``rate_scale=1`` the rate is fixed at ``eta = I``, the paper's Fig. 2 setting).
 
     The authors' released code differs in five places; each is an option here, off by default
     (``cemlib/README_nrgpt.md``, "The authors' setup"): ``ff="ff2"`` (their two-layer energy,
@@ -99,7 +101,7 @@ class NRGPTBlock(EnergyLayer):
                  rate: str = "matrix", rate_scale: float = 1.0, rate_rank: int | None = None,
                  ff2w_form: str = "exact", init_std: float = 0.02, learn_alpha: bool = True,
                  learn_ff_scale: bool = False, rate_init: str = "identity", attn_dropout: float = 0.0,
-                 ff2_hidden: int | None = None):
+                 ff2_hidden: int | None = None, learn_rate_scale: bool = True):
         super().__init__()
         D = self.d_model = check_positive_int(d_model, "d_model")
         H = self.n_heads = check_positive_int(n_heads, "n_heads")
@@ -108,6 +110,10 @@ class NRGPTBlock(EnergyLayer):
         self.norm, self.mask = _choice(norm, NORMS, "norm"), _choice(mask, en.MASKS, "mask")
         self.rate = _choice(rate, RATES, "rate")
         self.rate_init = _choice(rate_init, RATE_INITS, "rate_init")
+        if not isinstance(learn_rate_scale, bool):
+            raise ValueError(f"learn_rate_scale must be a bool, got {learn_rate_scale!r}")
+        if not learn_rate_scale and rate != "gamma":
+            raise ValueError(f"learn_rate_scale=False applies to rate='gamma' only, got rate={rate!r}")
         if rate_init != "identity" and rate != "matrix":
             raise ValueError(f"rate_init={rate_init!r} applies to rate='matrix' only, got rate={rate!r}")
         if isinstance(attn_dropout, bool) or not (isinstance(attn_dropout, (int, float))
@@ -153,7 +159,11 @@ class NRGPTBlock(EnergyLayer):
         self.ff_scale = nn.Parameter(torch.ones(())) if learn_ff_scale else None
         # inference rate eta
         if rate == "gamma":
-            self.log_c = nn.Parameter(torch.tensor(math.log(rate_scale)))
+            log_c = torch.tensor(math.log(rate_scale))
+            if learn_rate_scale:
+                self.log_c = nn.Parameter(log_c)
+            else:
+                self.register_buffer("log_c", log_c)
         elif rate == "matrix":
             self.eta = nn.Parameter(rate_scale * torch.eye(D) if rate_init == "identity"
                                     else torch.randn(D, D) * init_std)
@@ -305,7 +315,9 @@ class NRGPTBlock(EnergyLayer):
         extra = "".join(f", {k}={v!r}" for k, v, default in (
             ("rate_init", self.rate_init, "identity"), ("attn_dropout", self.attn_dropout, 0.0),
             ("learn_ff_scale", self.ff_scale is not None, False),
-            ("learn_alpha", isinstance(self.alpha, nn.Parameter), True)) if v != default)
+            ("learn_alpha", isinstance(self.alpha, nn.Parameter), True),
+            ("learn_rate_scale", isinstance(getattr(self, "log_c", None), nn.Parameter), self.rate == "gamma"))
+            if v != default)
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, ff={self.ff}, ff_hidden={self.ff_hidden}, "
                 f"act={self.act}, norm={self.norm}, mask={self.mask}, rate={self.rate}, beta={self.beta:.4g}"
                 + extra)
