@@ -28,7 +28,7 @@ __all__ = ["MODEL_LABELS", "MODEL_COLORS", "METRIC_LABELS", "load_sweep", "sweep
 MODEL_LABELS = {"cem": "CEM", "nrgpt": "NRGPT", "newton": "Newton (MHA2nd1st)", "hyperset": "Hyper-SET",
                 "llama": "Llama", "gpt": "GPT", "rgpt": "recurrent GPT"}
 MODEL_COLORS = {"cem": "C0", "nrgpt": "C1", "newton": "C2", "hyperset": "C3", "llama": "C7", "gpt": "C5",
-                "rgpt": "C4"}
+                "rgpt": "C6"}
 METRIC_LABELS = {"val_loss": "validation loss (nats / token)", "train_loss": "training loss (nats / token)",
                  "val_accuracy": "validation accuracy", "test_accuracy": "test accuracy",
                  "test_loss": "test loss (nats / answer)"}
