@@ -11,6 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from cemlib.train.experiments import BENCH_WIDTHS  # noqa: E402
+from cemlib.train.sweep import load_sweep  # noqa: E402
 from cemlib.viz import benchmark as V  # noqa: E402
 
 LISTOPS = Path(__file__).resolve().parent.parent / "book" / "results" / "bench_listops_cpu"
@@ -18,7 +19,7 @@ LISTOPS = Path(__file__).resolve().parent.parent / "book" / "results" / "bench_l
 
 @pytest.fixture(scope="module")
 def sweep():
-    return V.load_sweep(LISTOPS)
+    return load_sweep(LISTOPS)
 
 
 def test_load_sweep_groups_runs_by_model_and_seed(sweep, tmp_path):
@@ -27,7 +28,7 @@ def test_load_sweep_groups_runs_by_model_and_seed(sweep, tmp_path):
         assert [r["config"]["train"]["seed"] for r in runs] == [0, 1, 2]
         assert all(r["experiment"] == f"bench-listops-{m}" for r in runs)
     with pytest.raises(FileNotFoundError):
-        V.load_sweep(tmp_path)
+        load_sweep(tmp_path)
 
 
 def test_sweep_curves_end_at_the_final_metrics(sweep):

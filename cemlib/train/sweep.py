@@ -19,7 +19,7 @@ import numpy as np
 from scipy.interpolate import Akima1DInterpolator
 
 __all__ = ["CEM_LR_GRID", "SweepResult", "akima_optimum", "lr_sweep", "sweep_experiment", "plot_sweep",
-           "grid_runs", "grid_sweep", "run_name", "summarize_runs", "summary_markdown"]
+           "grid_runs", "grid_sweep", "run_name", "summarize_runs", "summary_markdown", "load_sweep"]
 
 CEM_LR_GRID = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 
@@ -192,3 +192,23 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
         (out / "summary.json").write_text(json.dumps(rows, indent=1))
         (out / "summary.md").write_text(summary_markdown(rows, names))
     return rows
+
+
+def load_sweep(folder) -> dict[str, list[dict]]:
+    """``{model key: [results of seed 0, 1, ...]}`` from a folder of stored runs (``summary.json``
+    skipped); the model key is the last ``-``-separated part of the experiment's name (chapter 10's
+    ``bench-listops-cem`` -> ``cem``), the runs ordered by ``train.seed``."""
+    from pathlib import Path
+
+    from cemlib.train.results import load_results
+    folder = Path(folder)
+    files = sorted(p for p in folder.glob("*.json") if p.name != "summary.json")
+    if not files:
+        raise FileNotFoundError(f"no results files in {folder}")
+    out: dict[str, list[dict]] = {}
+    for p in files:
+        res = load_results(p)
+        out.setdefault(res["experiment"].rsplit("-", 1)[-1], []).append(res)
+    for runs in out.values():
+        runs.sort(key=lambda r: r["config"]["train"]["seed"])
+    return out

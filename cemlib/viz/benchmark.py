@@ -1,7 +1,7 @@
 """Figures of chapter 10's benchmark: learning curves of a stored sweep, cost against quality, the
 energy of each trained model along its depth, and a live explorer of the curves.
 
-A *sweep* is what :func:`load_sweep` reads from a folder of stored results files (one per model and
+A *sweep* is what :func:`cemlib.train.sweep.load_sweep` reads from a folder of stored results files (one per model and
 seed, as ``python -m cemlib.train ... --seeds 0,1,2 --out FOLDER`` writes them): a dict from the
 model's key (``"cem"``, ``"nrgpt"``, ...: the last part of the experiment's name) to its runs,
 ordered by seed. The explorer (:func:`bench_explorer`) needs a running kernel; its static companion
@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import functools
 import io
-from pathlib import Path
-
 import numpy as np
 
-from cemlib.train.results import load_results
 from cemlib.viz.style import STYLE_PATH
 
-__all__ = ["MODEL_LABELS", "MODEL_COLORS", "METRIC_LABELS", "load_sweep", "sweep_curves",
+__all__ = ["MODEL_LABELS", "MODEL_COLORS", "METRIC_LABELS", "sweep_curves",
            "plot_sweep_curves", "bench_small_multiples", "plot_energy_depth", "render_bench_png",
            "bench_explorer"]
 
@@ -33,22 +30,6 @@ METRIC_LABELS = {"val_loss": "validation loss (nats / token)", "train_loss": "tr
                  "val_accuracy": "validation accuracy", "test_accuracy": "test accuracy",
                  "test_loss": "test loss (nats / answer)"}
 X_AXES = {"step": "training step", "tokens": "training tokens"}
-
-
-def load_sweep(folder) -> dict[str, list[dict]]:
-    """``{model key: [results of seed 0, 1, ...]}`` from a folder of stored runs (``summary.json``
-    skipped); the model key is the last ``-``-separated part of the experiment's name."""
-    folder = Path(folder)
-    files = sorted(p for p in folder.glob("*.json") if p.name != "summary.json")
-    if not files:
-        raise FileNotFoundError(f"no results files in {folder}")
-    out: dict[str, list[dict]] = {}
-    for p in files:
-        res = load_results(p)
-        out.setdefault(res["experiment"].rsplit("-", 1)[-1], []).append(res)
-    for runs in out.values():
-        runs.sort(key=lambda r: r["config"]["train"]["seed"])
-    return out
 
 
 def _tokens_per_step(res: dict) -> float:
