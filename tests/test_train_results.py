@@ -131,3 +131,13 @@ def test_device_name_is_the_gpu_name_or_the_device_type():
 
     assert device_name({"device": {"type": "cuda", "name": "NVIDIA H100 80GB HBM3"}}) == "NVIDIA H100 80GB HBM3"
     assert device_name({"device": {"type": "cpu", "name": "AMD EPYC"}}) == "CPU"
+
+
+def test_paired_difference_resolves_beyond_twice_the_standard_error():
+    from cemlib.train.sweep import paired_difference
+    p = paired_difference([2.0, 2.1, 2.2], [1.9, 2.0, 2.1])          # the same difference at every seed
+    assert p.mean == pytest.approx(0.1) and p.std == pytest.approx(0.0, abs=1e-12) and p.resolved
+    q = paired_difference([1.0, 2.0, 3.0], [1.5, 1.5, 1.5])           # mean 0.5, std 1, SE 0.577
+    assert q.n == 3 and q.mean == pytest.approx(0.5) and q.std == pytest.approx(1.0) and not q.resolved
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_difference([1.0], [2.0])

@@ -88,3 +88,4 @@ def test_png_and_explorer(sweep):
         V.bench_explorer(sweeps, {"listops": ["val_loss"]})
     with pytest.raises(ValueError, match="task must be"):
         V.bench_explorer(sweeps, {"listops": ["val_loss"], "other": ["val_loss"]}, task="sudoku")
+

@@ -108,10 +108,14 @@ class NewtonTransformer(nn.Module):
                                     for _ in range(n_layers))
         self.ln_f, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, vocab_size, bias=False)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token embeddings plus sinusoidal positions, then dropout: the first block's input."""
         if idx.dim() != 2 or idx.shape[1] > self.block_size:
             raise ValueError(f"idx must be (B, L) with L <= {self.block_size}, got {tuple(idx.shape)}")
-        x = self.drop(self.emb(idx) + self.pos[: idx.shape[1]].to(self.emb.weight.dtype))
+        return self.drop(self.emb(idx) + self.pos[: idx.shape[1]].to(self.emb.weight.dtype))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln_f(x))

@@ -116,7 +116,7 @@ def _newton(model: NewtonTransformer, idx: torch.Tensor):
         raise ValueError("a NewtonTransformer with attn='mha' has no energy to follow")
     L = idx.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=idx.device).tril()
-    x = model.emb(idx) + model.pos[:L].to(model.emb.weight.dtype)
+    x = model.embed(idx)
     labels, before, after = [], [], []
     for i, blk in enumerate(model.blocks, 1):
         g = blk.ln1(x)
@@ -158,9 +158,10 @@ def energy_along_depth(model: nn.Module, inputs: torch.Tensor, n_steps: int | No
     if n_steps is not None and not recurrent:
         raise ValueError(f"n_steps applies to a weight-shared model; {type(model).__name__} has "
                          f"{len(model.blocks)} layers of its own")
+    if recurrent and n_steps is None:
+        n_steps = model.n_steps if isinstance(model, NRGPTModel) else model.n_iter
     if recurrent:
-        n_steps = check_positive_int(model.n_steps if isinstance(model, NRGPTModel) else model.n_iter,
-                                     "n_steps") if n_steps is None else check_positive_int(n_steps, "n_steps")
+        check_positive_int(n_steps, "n_steps")
     was_training = model.training
     model.eval()
     try:

@@ -134,12 +134,15 @@ def load_data(cfg: ExperimentConfig) -> Task:
     return make_task(cfg)
 
 
-def build(cfg: ExperimentConfig) -> tuple[nn.Module, Task]:
-    """Load the task, seed with ``cfg.train.seed`` and build the model: ``(model, task)``."""
+def build(cfg: ExperimentConfig, task: Task | None = None) -> tuple[nn.Module, Task]:
+    """Load the task, seed with ``cfg.train.seed`` and build the model: ``(model, task)``.
+
+    ``task``: the task of ``cfg`` already loaded (building several models on the same data loads
+    it once); by default it is loaded from ``cfg``."""
     if cfg.experiment not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {cfg.experiment!r}; known: {', '.join(sorted(EXPERIMENTS))}")
     _check_model_fields(cfg)
-    task = make_task(cfg)
+    task = make_task(cfg) if task is None else task
     seed_everything(cfg.train.seed)
     try:
         model = EXPERIMENTS[cfg.experiment].build_model(dict(cfg.model), task)
@@ -662,11 +665,8 @@ def bench_model(task_name: str, model: str, width: int | None = None, preset: st
         raise ConfigError(f"no benchmark model {model!r} for task {task_name!r}; known: "
                           + ", ".join(f"{t}/{m}" for t, ms in BENCH_WIDTHS.items() for m in ms))
     experiment = f"bench-{task_name}-{model}"
-    cfg = get_config(experiment, preset)
-    kwargs = dict(cfg.model)
+    overrides = []
     if width is not None:
-        key = "d" if "d" in kwargs else "d_model"
-        kwargs[key] = width
-    task = make_task(cfg) if task is None else task
-    seed_everything(cfg.train.seed)
-    return EXPERIMENTS[experiment].build_model(kwargs, task)
+        key = "d" if "d" in get_config(experiment, preset).model else "d_model"
+        overrides.append(f"model.{key}={width}")
+    return build(get_config(experiment, preset, overrides), task)[0]

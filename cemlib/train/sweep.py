@@ -19,7 +19,8 @@ import numpy as np
 from scipy.interpolate import Akima1DInterpolator
 
 __all__ = ["CEM_LR_GRID", "SweepResult", "akima_optimum", "lr_sweep", "sweep_experiment", "plot_sweep",
-           "grid_runs", "grid_sweep", "run_name", "summarize_runs", "summary_markdown", "load_sweep"]
+           "grid_runs", "grid_sweep", "run_name", "summarize_runs", "summary_markdown", "load_sweep",
+           "PairedDifference", "paired_difference"]
 
 CEM_LR_GRID = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 
@@ -212,3 +213,27 @@ def load_sweep(folder) -> dict[str, list[dict]]:
     for runs in out.values():
         runs.sort(key=lambda r: r["config"]["train"]["seed"])
     return out
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Mean and sample standard deviation of ``n`` per-seed differences between two models."""
+
+    mean: float
+    std: float
+    n: int
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the mean difference exceeds twice its standard error ``std / sqrt(n)``: the book's
+        criterion for a difference larger than the seed spread."""
+        return abs(self.mean) > 2 * self.std / math.sqrt(self.n)
+
+
+def paired_difference(a, b) -> PairedDifference:
+    """Compare two models run with the same seeds: the per-seed differences ``a[i] - b[i]`` of a
+    final metric (seed ``i`` fixes the initialisation and the batch order of both runs)."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if d.ndim != 1 or len(d) < 2:
+        raise ValueError(f"need two equal-length 1-D sequences of at least 2 seeds, got shape {d.shape}")
+    return PairedDifference(float(d.mean()), float(d.std(ddof=1)), len(d))

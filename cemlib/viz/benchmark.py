@@ -75,6 +75,15 @@ def plot_sweep_curves(ax, sweep: dict, metric: str, models=None, x: str = "step"
     return ax
 
 
+def _zoom_limits(sweep: dict, metric: str, models, x: str, zoom_from: float):
+    """``(xlim, ylim)`` showing every seed of ``models`` from ``zoom_from`` of the training on."""
+    xs, _ = sweep_curves(sweep[models[0]], metric, x)
+    keep = xs >= zoom_from * xs[-1]
+    vals = np.concatenate([sweep_curves(sweep[m], metric, x)[1][:, keep].ravel() for m in models])
+    pad = 0.05 * (vals.max() - vals.min() + 1e-12)
+    return (zoom_from * xs[-1], xs[-1]), (vals.min() - pad, vals.max() + pad)
+
+
 def bench_small_multiples(sweep: dict, metric: str, ncols: int = 3, zoom_from: float = 0.3, x: str = "step"):
     """One panel per model: its seeds in colour, the other models' means in light grey; the x axis
     starts at ``zoom_from`` of the training (the early steps, where every model is far from its
@@ -85,24 +94,21 @@ def bench_small_multiples(sweep: dict, metric: str, ncols: int = 3, zoom_from: f
     nrows = -(-len(models) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.1 * ncols, 2.5 * nrows), sharex=True, sharey=True,
                              squeeze=False)
-    lo, hi = np.inf, -np.inf
+    xlim, ylim = _zoom_limits(sweep, metric, models, x, zoom_from)
     for ax, m in zip(axes.flat, models):
         for other in models:
             if other != m:
                 xs, Y = sweep_curves(sweep[other], metric, x)
                 ax.plot(xs, Y.mean(0), color="0.8", lw=1)
         xs, Y = sweep_curves(sweep[m], metric, x)
-        keep = xs >= zoom_from * xs[-1]
         for y in Y:
             ax.plot(xs, y, color=MODEL_COLORS.get(m), lw=1.2)
-        lo, hi = min(lo, Y[:, keep].min()), max(hi, Y[:, keep].max())
         ax.set_title(f"{MODEL_LABELS.get(m, m)}: {Y[:, -1].mean():.3f} ± {Y[:, -1].std(ddof=1):.3f}"
                      if len(Y) > 1 else MODEL_LABELS.get(m, m), fontsize="medium")
-        ax.set_xlim(zoom_from * xs[-1], xs[-1])
+        ax.set_xlim(*xlim)
     for ax in axes.flat[len(models):]:
         ax.set_visible(False)
-    pad = 0.05 * (hi - lo)
-    axes[0, 0].set_ylim(lo - pad, hi + pad)
+    axes[0, 0].set_ylim(*ylim)
     for ax in axes[-1]:
         ax.set_xlabel(X_AXES[x])
     for ax in axes[:, 0]:
@@ -144,13 +150,10 @@ def render_bench_png(sweep: dict, metric: str, models, x: str = "step", seeds: s
         FigureCanvasAgg(fig)
         ax = fig.subplots()
         plot_sweep_curves(ax, sweep, metric, models, x, seeds)
-        xs, _ = sweep_curves(sweep[models[0]], metric, x)
-        ax.set_xlim(zoom_from * xs[-1], xs[-1])
+        xlim, ylim = _zoom_limits(sweep, metric, models, x, zoom_from)
+        ax.set_xlim(*xlim)
         if zoom_from > 0:
-            vals = np.concatenate([sweep_curves(sweep[m], metric, x)[1][:, xs >= zoom_from * xs[-1]].ravel()
-                                   for m in models])
-            pad = 0.05 * (vals.max() - vals.min() + 1e-12)
-            ax.set_ylim(vals.min() - pad, vals.max() + pad)
+            ax.set_ylim(*ylim)
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
     return buf.getvalue()
