@@ -12,10 +12,9 @@ an ``ipywidgets.Image``, so the notebook cell emits only a short deterministic `
 from __future__ import annotations
 
 import functools
-import io
 import numpy as np
 
-from cemlib.viz.style import STYLE_PATH
+from cemlib.viz.style import render_png
 
 __all__ = ["MODEL_LABELS", "MODEL_COLORS", "METRIC_LABELS", "sweep_curves",
            "plot_sweep_curves", "bench_small_multiples", "plot_energy_depth", "render_bench_png",
@@ -141,22 +140,15 @@ def plot_energy_depth(ax, row: dict, label: str | None = None, color=None, lines
 def render_bench_png(sweep: dict, metric: str, models, x: str = "step", seeds: str = "band",
                      zoom_from: float = 0.0, figsize=(5.8, 3.8), dpi: int = 80) -> bytes:
     """The explorer's drawing: :func:`plot_sweep_curves` from ``zoom_from`` of the training on."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
+    def draw(fig):
         ax = fig.subplots()
         plot_sweep_curves(ax, sweep, metric, models, x, seeds)
         xlim, ylim = _zoom_limits(sweep, metric, models, x, zoom_from)
         ax.set_xlim(*xlim)
         if zoom_from > 0:
             ax.set_ylim(*ylim)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue()
+
+    return render_png(draw, figsize, dpi)[0]
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,7 +18,6 @@ kernel) has static companions (:func:`energy_small_multiples`, :func:`energy_ani
 from __future__ import annotations
 
 import functools
-import io
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -272,25 +271,19 @@ def render_energy_png(land: Landscape2D, start, eta: float = 1.0, steps: int = 1
                       figsize=(4.6, 3.8), dpi: int = 80,
                       label: str = "energy") -> tuple[bytes, torch.Tensor]:
     """Draw the landscape and the descent path from ``start`` (2,); return ``(png, path)``."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from cemlib.viz.style import STYLE_PATH
+    from cemlib.viz.style import render_png
 
     path = descent_path(land, start, eta, steps)
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
+
+    def draw(fig):
         ax = fig.subplots()
         cs = plot_energy(ax, land, xlim, ylim, n, title=False)
         _plot_path(ax, path)
         fig.colorbar(cs, ax=ax, label=label, format="%.3g")
         ax.set_title(f"{land.title}, $\\eta={eta:g}$, {steps} steps" if land.title else
                      f"$\\eta={eta:g}$, {steps} steps")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue(), path
+
+    return render_png(draw, figsize, dpi)[0], path
 
 
 def _fmt(v) -> str:

@@ -10,7 +10,6 @@ is the five-panel figure made with :func:`plot_gp_draws`.
 from __future__ import annotations
 
 import functools
-import io
 
 import torch
 
@@ -51,21 +50,14 @@ def plot_gp_draws(ax, kernel: str, lengthscale: float, seed: int = 0, num_draws:
 def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float = 2.0, alpha: float = 1.0,
                   figsize=(5.6, 3.0), dpi: int = 80) -> bytes:
     """One panel of :func:`plot_gp_draws` as PNG bytes (for the explorer)."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from cemlib.viz.style import render_png
 
-    from cemlib.viz.style import STYLE_PATH
-
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
+    def draw(fig):
         ax = fig.subplots()
         plot_gp_draws(ax, kernel, lengthscale, seed, period=period, alpha=alpha)
         ax.set_ylabel(r"$f(\mathbf{z})$")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue()
+
+    return render_png(draw, figsize, dpi)[0]
 
 
 @functools.lru_cache(maxsize=None)

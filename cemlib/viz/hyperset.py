@@ -25,7 +25,6 @@ explorer needs a running kernel; its static companions are :func:`circle_flow_sm
 from __future__ import annotations
 
 import functools
-import io
 import math
 
 import torch
@@ -174,21 +173,13 @@ def circle_flow_animation(beta: float = 1.0, step: float = 0.1, steps: int = 30,
 def render_circle_flow_png(flow: str, beta: float, step: float, steps: int, n_tokens: int = 12,
                            seed: int = 0, figsize=(4.2, 4.0), dpi: int = 80) -> tuple[bytes, dict]:
     """One panel as PNG bytes (for the explorer) and its run."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from cemlib.viz.style import STYLE_PATH
+    from cemlib.viz.style import render_png
 
     run = circle_flow(circle_tokens(n_tokens, seed=seed), flow, beta, step, steps)
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
-        plot_circle_flow(fig.subplots(), run, title=rf"{FLOWS[flow]}, $\beta={beta:.3g}$, step ${step:.3g}$",
-                         show_anchors=flow in ("feedforward", "both"))
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue(), run
+    png, _ = render_png(lambda fig: plot_circle_flow(
+        fig.subplots(), run, title=rf"{FLOWS[flow]}, $\beta={beta:.3g}$, step ${step:.3g}$",
+        show_anchors=flow in ("feedforward", "both")), figsize, dpi)
+    return png, run
 
 
 @functools.lru_cache(maxsize=None)

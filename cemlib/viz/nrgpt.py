@@ -13,7 +13,6 @@ recorded. The explorer needs a running kernel; its static companion is
 from __future__ import annotations
 
 import functools
-import io
 
 import torch
 
@@ -124,23 +123,14 @@ def render_token_energy_png(c: float, gamma_spread: float, steps: int, rate: str
                             figsize=(5.6, 3.4), dpi: int = 80, **block_kwargs) -> tuple[bytes, int, int]:
     """One panel as PNG bytes (for the explorer), its number of (token, step) rises and the number
     of rises of the first token (which has no earlier token to wait for)."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from cemlib.viz.style import STYLE_PATH
+    from cemlib.viz.style import render_png
 
     block, x0 = random_block(gamma_spread=gamma_spread, **block_kwargs)
     E = token_energy_trajectories(block, x0, c, steps, rate)
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.subplots()
-        n = plot_token_energies(ax, E, title=f"{RATE_CHOICES[rate]}, $c={c:.3g}$, "
-                                             rf"$\log\gamma$ spread $s={gamma_spread:.2g}$", legend=True)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue(), n, int(count_rises(E)[:, 0].sum())
+    png, n = render_png(lambda fig: plot_token_energies(
+        fig.subplots(), E, title=f"{RATE_CHOICES[rate]}, $c={c:.3g}$, "
+                                 rf"$\log\gamma$ spread $s={gamma_spread:.2g}$", legend=True), figsize, dpi)
+    return png, n, int(count_rises(E)[:, 0].sum())
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,12 +12,11 @@ ipywidgets is imported lazily.
 from __future__ import annotations
 
 import functools
-import io
 
 import numpy as np
 
 from cemlib.kernels.costs import H100_SXM_DATASHEET, Machine, tie_comparison
-from cemlib.viz.style import STYLE_PATH
+from cemlib.viz.style import render_png
 
 __all__ = ["plot_roofline", "roofline_panel", "roofline_small_multiples", "render_roofline_png",
            "roofline_explorer", "setting_title", "MARKERS"]
@@ -102,17 +101,7 @@ def roofline_small_multiples(settings: list[dict], ncols: int = 2, machine: Mach
 
 def render_roofline_png(figsize=(5.6, 4.0), dpi: int = 80, **setting) -> tuple[bytes, dict]:
     """Render :func:`roofline_panel` for ``setting`` to PNG bytes; return ``(png, costs)``."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
-        costs = roofline_panel(fig.subplots(), **setting)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue(), costs
+    return render_png(lambda fig: roofline_panel(fig.subplots(), **setting), figsize, dpi)
 
 
 def _fmt_time(seconds: float) -> str:

@@ -12,14 +12,13 @@ lazily, so ``import cemlib.viz`` works without it.
 from __future__ import annotations
 
 import functools
-import io
 
 import torch
 
 from cemlib.energies.hopfield import modern_energy, modern_retrieve
 from cemlib.utils import check_tensor
 from cemlib.viz.landscape import plot_landscape, plot_trajectory
-from cemlib.viz.style import STYLE_PATH
+from cemlib.viz.style import render_png
 
 __all__ = ["render_landscape_png", "landscape_explorer", "kernel_note", "step_controls", "control_columns",
            "finish_explorer"]
@@ -31,24 +30,18 @@ def render_landscape_png(patterns: torch.Tensor, start: torch.Tensor, beta: floa
                          eta: float = 1.0, steps: int = 10, xlim=(-2.0, 2.0), ylim=(-2.0, 2.0), n: int = 81,
                          figsize=(4.6, 3.8), dpi: int = 80) -> tuple[bytes, torch.Tensor]:
     """Draw the landscape and the trajectory from ``start`` (shape ``(2,)``); return ``(png, traj)``."""
-    import matplotlib.style
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     check_tensor(start, "start", ndim=1, last_dim=2)
     traj = modern_retrieve(start, patterns, beta, rule=rule, eta=eta, steps=steps)
-    with matplotlib.style.context(STYLE_PATH):
-        fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
-        FigureCanvasAgg(fig)
+
+    def draw(fig):
         ax = fig.subplots()
         cs = plot_landscape(ax, patterns, beta, xlim, ylim, n)
         plot_trajectory(ax, traj)
         fig.colorbar(cs, ax=ax, label=r"energy $\mathcal{E}(\mathbf{x})$")
         what = "CCCP" if rule == "cccp" else rf"gradient, $\eta={eta:g}$"
         ax.set_title(rf"$\beta={beta:.3g}$, {what}, {steps} steps")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-    return buf.getvalue(), traj
+
+    return render_png(draw, figsize, dpi)[0], traj
 
 
 KERNEL_NOTE = ("Live explorer: it needs a running Python kernel (open the chapter in Jupyter or Colab). "
