@@ -52,12 +52,12 @@ def _checkpoint(experiment: str, preset: str, runs: Path) -> tuple[Path, dict]:
 
 
 def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, extend: int) -> dict:
-    rows, inputs = {}, None
+    rows, inputs, task = {}, None, None
     for model_name in BENCH_WIDTHS[task_name]:
         if model_name in BASELINES:
             continue
         experiment = f"bench-{task_name}-{model_name}"
-        model, task = build(get_config(experiment, preset, SEED))
+        model, task = build(get_config(experiment, preset, SEED), task)   # one task for all models
         assert isinstance(model, ENERGY_MODELS), experiment
         ckpt, run = _checkpoint(experiment, preset, runs)
         ref = stored / f"bench_{task_name}_{preset}" / f"{experiment.replace('-', '_')}__seed0.json"
