@@ -1,4 +1,4 @@
-"""Dispatch between the fused Triton kernels and the PyTorch reference.
+"""Dispatch between the fused Triton kernels, the closed-form PyTorch attention and the reference.
 
 The layers call :func:`tied_attention`, :func:`tied_gated_mlp_step` and
 :func:`dplr_precondition` from here. The backend is, in order of precedence:
@@ -9,14 +9,19 @@ The layers call :func:`tied_attention`, :func:`tied_gated_mlp_step` and
 
 ``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
 call is one the kernels handle efficiently (fp16/bf16, head width <= 256, and an extra
-query/key pair that :func:`extra_path` places on a fused path); otherwise the reference. fp32 is
+query/key pair that :func:`extra_path` places on a fused path). Attention on the CPU in float32
+or float64 goes to :mod:`cemlib.kernels.tied_attention_torch` (PyTorch operations with a
+hand-derived backward, first-order only); everything else to the reference. fp32 on CUDA is
 left to the reference (cuBLAS): the kernels' exact fp32 dot products spill registers at every
-tile size (``benchmarks/compile_kernels.py``); forcing ``"triton"`` still runs them in fp32. ``"reference"`` always uses
-:mod:`cemlib.kernels.reference`. ``"triton"`` always uses the kernels and raises a clear error
-where they cannot run (no Triton; CPU tensors without ``TRITON_INTERPRET=1``, under which
-Triton's interpreter runs the kernels on CPU, slowly, for testing).
+tile size (``benchmarks/compile_kernels.py``); forcing ``"triton"`` still runs them in fp32.
+``"torch"`` uses the closed-form attention on any device (a clear error for a dtype it does not
+take; the MLP and the preconditioner have no such path and use the reference).
+``"reference"`` always uses :mod:`cemlib.kernels.reference`, autograd of plain PyTorch
+operations (what a second derivative needs). ``"triton"`` always uses the kernels and raises a
+clear error where they cannot run (no Triton; CPU tensors without ``TRITON_INTERPRET=1``, under
+which Triton's interpreter runs the kernels on CPU, slowly, for testing).
 
-All inputs are validated here, for both backends.
+All inputs are validated here, for all backends.
 """
 
 from __future__ import annotations
@@ -28,14 +33,14 @@ import os
 
 import torch
 
-from cemlib.kernels import reference
+from cemlib.kernels import reference, tied_attention_torch
 from cemlib.kernels.paths import MAX_TILE_EXTRA, extra_path
 
 __all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_backend",
            "triton_available", "extra_path", "attention_fused", "tied_attention",
            "tied_gated_mlp_step", "dplr_precondition"]
 
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "triton", "torch", "reference")
 ENV_VAR = "CEMLIB_KERNELS"
 _backend: str | None = None
 _AUTO_DTYPES = (torch.float16, torch.bfloat16)  # what "auto" sends to the kernels
@@ -48,7 +53,7 @@ def _check_backend(name, source):
 
 
 def set_backend(name: str | None) -> None:
-    """Force a backend (``"auto"``, ``"triton"``, ``"reference"``); ``None`` returns control
+    """Force a backend (``"auto"``, ``"triton"``, ``"torch"``, ``"reference"``); ``None`` returns control
     to the ``CEMLIB_KERNELS`` environment variable."""
     global _backend
     _backend = None if name is None else _check_backend(name, "backend")
@@ -81,7 +86,7 @@ def triton_available() -> bool:
 
 def _use_triton(x: torch.Tensor, supported: bool) -> bool:
     backend = get_backend()
-    if backend == "reference":
+    if backend in ("reference", "torch"):
         return False
     if backend == "auto":
         return x.is_cuda and supported and triton_available()
@@ -157,6 +162,14 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
               extra_head_sum=extra_head_sum)
     if _use_triton(q, attention_fused(q, q_extra, extra_values, extra_head_sum)):
         return _ops().tied_attention(q, kv, **kw)
+    backend, closed_form = get_backend(), tied_attention_torch.supported(q, alibi)
+    if backend == "torch" and not closed_form:
+        raise ValueError(f"kernel backend 'torch' takes float32/float64 attention with fixed "
+                         f"ALiBi slopes, got {q.dtype}"
+                         + (" and slopes that require grad" if q.dtype in
+                            tied_attention_torch.DTYPES else ""))
+    if backend == "torch" or (backend == "auto" and q.device.type == "cpu" and closed_form):
+        return tied_attention_torch.tied_attention(q, kv, **kw)
     return reference.tied_attention(q, kv, **kw)
 
 

@@ -53,6 +53,11 @@ DIAG_MODES = ("none", "shared", "per_head")
 DIAG_GRADS = ("exact", "paper")
 
 
+def _step(x: torch.Tensor, eta, delta: torch.Tensor) -> torch.Tensor:
+    """``x - eta * delta``: one pass when ``eta`` is a number (a learned ``eta`` is a tensor)."""
+    return x - eta * delta if isinstance(eta, torch.Tensor) else torch.add(x, delta, alpha=-eta)
+
+
 def resolve_tau(tau, d_model: int, head_dim: int) -> float:
     """``"head"`` -> sqrt(D_r) ([arXiv] eq. 5), ``"model"`` -> sqrt(D_h) ([ICLR] eq. 5), or a
     positive number."""
@@ -132,18 +137,22 @@ class CEMAttention(EnergyLayer):
     def _heads(self, W: torch.Tensor) -> torch.Tensor:
         return W.view(self.n_heads, self.head_dim, self.d_model)
 
+    def _project(self, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Per-head projections ``(W^k x_l)`` of (B, L, D_h) as (B, K, L, D_r): one GEMM."""
+        B, L, _ = x.shape
+        return (x @ W.T).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
+
     def context(self, h: torch.Tensor):
         """``(hn, kv)``: the normalised context (B, L, D_h) and tied keys/values (B, K, L, D_r)."""
         hn = self.norm(h)
-        kv = torch.einsum("krh,blh->bklr", self._heads(self.W_K), hn)
-        return hn, kv
+        return hn, self._project(self.W_K, hn)
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
         """``u = RMSNorm(x)`` inside the recursion (Algorithm 1), or ``x`` if not ``query_norm``."""
         return self.norm(x) if self.query_norm else x
 
     def _attend(self, u, hn, kv, values: bool, head_sum: bool = False):
-        q = torch.einsum("krh,blh->bklr", self._heads(self.W_Q), u)
+        q = self._project(self.W_Q, u)
         extra = {}
         if self.d is not None:
             qe = self.d * u if self.d.dim() == 1 else self.d[None, :, None, :] * u[:, None]
@@ -162,14 +171,15 @@ class CEMAttention(EnergyLayer):
         head_sum = not per_head and self.d is not None and self.d.dim() == 1
         out = self._attend(u, hn, kv, values, head_sum)
         o = out[0]
-        if per_head:
-            g = -torch.einsum("bklr,krh->bklh", o, self._heads(self.W_Q))
-        else:
+        if not per_head:
             B, K, L, R = o.shape
-            g = -(o.transpose(1, 2).reshape(B, L, K * R) @ self.W_Q)
-        if values and head_sum:
-            g = g - self.d * out[2]
-        elif values:
+            o_x = o.transpose(1, 2).reshape(B, L, K * R) @ self.W_Q  # sum_k W_Q^kT o_k
+            if values and head_sum:
+                return -torch.addcmul(o_x, self.d, out[2])            # ... + d * sum_k o^hn_k
+            g = -o_x
+        else:
+            g = -torch.einsum("bklr,krh->bklh", o, self._heads(self.W_Q))
+        if values:
             dk = self.d if self.d.dim() == 1 else self.d[None, :, None, :]
             ge = dk * out[2]
             g = g - (ge if per_head else ge.sum(1))
@@ -194,7 +204,7 @@ class CEMAttention(EnergyLayer):
         for t in range(self.T):
             # at t = 0, x = h: the query RMSNorm(x) is the context's hn (same module), reused
             u = hn if t == 0 and self.query_norm else None
-            x = x - self.eta * self.direction(x, hn, kv, u)
+            x = _step(x, self.eta, self.direction(x, hn, kv, u))
             traj.append(x)
         return (x, traj) if return_trajectory else x
 
