@@ -145,7 +145,8 @@ class CEMAttention(EnergyLayer):
     def context(self, h: torch.Tensor):
         """``(hn, kv)``: the normalised context (B, L, D_h) and tied keys/values (B, K, L, D_r)."""
         hn = self.norm(h)
-        return hn, self._project(self.W_K, hn)
+        kv = self._project(self.W_K, hn)
+        return hn, kv
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
         """``u = RMSNorm(x)`` inside the recursion (Algorithm 1), or ``x`` if not ``query_norm``."""
@@ -204,7 +205,7 @@ class CEMAttention(EnergyLayer):
         for t in range(self.T):
             # at t = 0, x = h: the query RMSNorm(x) is the context's hn (same module), reused
             u = hn if t == 0 and self.query_norm else None
-            x = _step(x, self.eta, self.direction(x, hn, kv, u))
+            x = _step(x, self.eta, self.direction(x, hn, kv, u))   # x - eta * Delta x
             traj.append(x)
         return (x, traj) if return_trajectory else x
 
