@@ -158,3 +158,25 @@ def test_cem_layer_trains_identically_on_both_paths(diag, T, precond):
         results.append([y.detach()] + [p.grad.clone() for p in layer.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+def test_forced_torch_backend_on_cuda_matches_the_reference():
+    """'torch' forced on CUDA tensors (auto keeps CUDA float32 on the reference): the same
+    outputs and gradients as the reference there, in float64."""
+    t, kw = _inputs("shared", True, True)
+    t = {k: v.detach().cuda().requires_grad_() for k, v in t.items()}
+    kw["alibi"] = kw["alibi"].cuda()
+    g = torch.Generator().manual_seed(2)
+    weights = None
+    results = []
+    for backend in ("torch", "reference"):
+        with dispatch.use_backend(backend):
+            out = dispatch.tied_attention(t["q"], t["kv"],
+                                          **{k: v for k, v in t.items() if k not in ("q", "kv")}, **kw)
+        if weights is None:
+            weights = [torch.randn(o.shape, generator=g, dtype=f64).cuda() for o in out]
+        loss = sum((w * o).sum() for w, o in zip(weights, out))
+        results.append(list(out) + list(torch.autograd.grad(loss, list(t.values()))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
