@@ -27,7 +27,7 @@ part() {  # part NAME COMMAND...: run, then print its wall time
 }
 
 part "kernel tests (CUDA)" python -m pytest -q -p no:cacheprovider -o addopts=-ra \
-  tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py
+  tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py tests/test_kernels_torch.py
 part "attention benchmark" python benchmarks/bench_attention.py --rep "$rep"
 part "MLP benchmark" python benchmarks/bench_mlp.py --rep "$rep"
 part "training-step benchmark" python benchmarks/train_step.py --measure-peak \
