@@ -8,7 +8,8 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "check_tensor", "check_positive_int", "resolve_head_dim"]
+__all__ = ["seed_everything", "default_device", "check_tensor", "check_positive_int", "resolve_head_dim",
+           "split_heads", "merge_heads"]
 
 
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -77,3 +78,16 @@ def resolve_head_dim(width: int, n_heads: int, head_dim: int | None = None, *, n
             raise ValueError(f"{name}={width} is not divisible by n_heads={n_heads}{hint}")
         head_dim = width // n_heads
     return check_positive_int(head_dim, "head_dim")
+
+
+def split_heads(Z: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``(..., N, H p) -> (..., H, N, p)``: the per-head view of a projection (a view, no copy)."""
+    check_positive_int(n_heads, "n_heads")
+    if Z.shape[-1] % n_heads:
+        raise ValueError(f"width {Z.shape[-1]} is not divisible by n_heads={n_heads}")
+    return Z.unflatten(-1, (n_heads, Z.shape[-1] // n_heads)).transpose(-2, -3)
+
+
+def merge_heads(Z: torch.Tensor) -> torch.Tensor:
+    """``(..., H, N, p) -> (..., N, H p)``."""
+    return Z.transpose(-2, -3).flatten(-2)

@@ -31,7 +31,7 @@ import math
 import torch
 
 from cemlib.normalization import rms_norm, rms_norm_vjp
-from cemlib.utils import check_positive_int, check_tensor
+from cemlib.utils import check_positive_int, check_tensor, merge_heads, split_heads
 
 __all__ = [
     "ATTENTION_KERNELS", "FEEDFORWARD_KERNELS", "split_heads", "merge_heads", "check_tokens",
@@ -49,19 +49,6 @@ def check_tokens(X: torch.Tensor, d: int, name: str = "X") -> torch.Tensor:
     if X.dim() < 2:
         raise ValueError(f"{name} must be (..., N, {d}), got shape {tuple(X.shape)}")
     return X
-
-
-def split_heads(Z: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``(..., N, H p) -> (..., H, N, p)``."""
-    check_positive_int(n_heads, "n_heads")
-    if Z.shape[-1] % n_heads:
-        raise ValueError(f"width {Z.shape[-1]} is not divisible by n_heads={n_heads}")
-    return Z.unflatten(-1, (n_heads, Z.shape[-1] // n_heads)).transpose(-2, -3)
-
-
-def merge_heads(Z: torch.Tensor) -> torch.Tensor:
-    """``(..., H, N, p) -> (..., N, H p)``."""
-    return Z.transpose(-2, -3).flatten(-2)
 
 
 def _beta(Z: torch.Tensor, beta: float | None) -> float:

@@ -45,7 +45,7 @@ from cemlib.kernels.reference import alibi_slopes, refresh_alibi_buffer
 from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
-from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
+from cemlib.utils import check_positive_int, check_tensor, merge_heads, resolve_head_dim, split_heads
 
 __all__ = ["CEMAttention", "resolve_tau"]
 
@@ -137,15 +137,10 @@ class CEMAttention(EnergyLayer):
     def _heads(self, W: torch.Tensor) -> torch.Tensor:
         return W.view(self.n_heads, self.head_dim, self.d_model)
 
-    def _project(self, W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Per-head projections ``(W^k x_l)`` of (B, L, D_h) as (B, K, L, D_r): one GEMM."""
-        B, L, _ = x.shape
-        return (x @ W.T).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)
-
     def context(self, h: torch.Tensor):
         """``(hn, kv)``: the normalised context (B, L, D_h) and tied keys/values (B, K, L, D_r)."""
         hn = self.norm(h)
-        kv = self._project(self.W_K, hn)
+        kv = split_heads(hn @ self.W_K.T, self.n_heads)
         return hn, kv
 
     def query(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +148,7 @@ class CEMAttention(EnergyLayer):
         return self.norm(x) if self.query_norm else x
 
     def _attend(self, u, hn, kv, values: bool, head_sum: bool = False):
-        q = self._project(self.W_Q, u)
+        q = split_heads(u @ self.W_Q.T, self.n_heads)
         extra = {}
         if self.d is not None:
             qe = self.d * u if self.d.dim() == 1 else self.d[None, :, None, :] * u[:, None]
@@ -173,8 +168,7 @@ class CEMAttention(EnergyLayer):
         out = self._attend(u, hn, kv, values, head_sum)
         o = out[0]
         if not per_head:
-            B, K, L, R = o.shape
-            o_x = o.transpose(1, 2).reshape(B, L, K * R) @ self.W_Q  # sum_k W_Q^kT o_k
+            o_x = merge_heads(o) @ self.W_Q                            # sum_k W_Q^kT o_k
             if values and head_sum:
                 return -torch.addcmul(o_x, self.d, out[2])            # ... + d * sum_k o^hn_k
             g = -o_x
