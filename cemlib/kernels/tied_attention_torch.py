@@ -104,7 +104,6 @@ class _TiedAttention(torch.autograd.Function):
         ctx.save_for_backward(q, kv, q_extra, k_extra, p, p_sum)
         ctx.scale = scale
         ctx.extra = (extra_values, extra_head_sum)
-        ctx.biases = (self_bias is not None, cross_bias is not None)
         ctx.set_materialize_grads(False)   # unused outputs (lse in the layers' forward): no work
         return (o, lse, o_extra) if extra_values else (o, lse)
 
@@ -143,11 +142,11 @@ class _TiedAttention(torch.autograd.Function):
                 dke = torch.matmul(ds.transpose(-1, -2), q_extra).sum(1).mul_(scale)
             dk_extra = dke if dk_extra is None else dk_extra.add_(dke)
         d_self = d_cross = None
-        has_self, has_cross = ctx.biases
-        if has_self or has_cross:
+        need_self, need_cross = ctx.needs_input_grad[4:6]
+        if need_self or need_cross:
             diag = ds.diagonal(dim1=-2, dim2=-1).sum((0, 2))
-            d_self = diag if has_self else None
-            if has_cross:   # each row of ds sums to its dlse (softmax is shift-invariant)
+            d_self = diag if need_self else None
+            if need_cross:   # each row of ds sums to its dlse (softmax is shift-invariant)
                 d_cross = -diag if dlse is None else dlse.sum((0, 2)) - diag
         return dq, dkv, None, None, d_self, d_cross, dq_extra, dk_extra, None, None
 
