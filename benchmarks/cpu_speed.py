@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from cemlib.models.memory import saved_activation_bytes
-from cemlib.train.experiments import BENCH_MODELS, BENCH_WIDTHS, build, get_config
+from cemlib.train.experiments import BENCH_MODELS, BENCH_WIDTHS, bench_experiment, build, get_config
 from cemlib.train.flops import counted_flops
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
@@ -75,7 +75,7 @@ GOALS = {("llama", "gpt"): 1.0, ("cem", "llama"): 0.9, ("cem-t2", "llama"): 0.55
 
 def _bench_variants(task: str) -> dict:
     """The chapter 10 benchmark's models of ``task``, keyed by model name."""
-    return {m: (BENCH_MODELS[m][0], f"bench-{task}-{m}", ()) for m in BENCH_WIDTHS[task]}
+    return {m: (BENCH_MODELS[m][0], bench_experiment(task, m), ()) for m in BENCH_WIDTHS[task]}
 
 
 #: suite -> (its variants, the default selection, the goals checked)

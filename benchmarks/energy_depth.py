@@ -29,8 +29,9 @@ import torch
 
 from cemlib.models.probes import ENERGY_MODELS, energy_along_depth
 from cemlib.train import load_checkpoint, load_results, run_experiment
-from cemlib.train.experiments import BENCH_WIDTHS, build, get_config
+from cemlib.train.experiments import BENCH_WIDTHS, bench_experiment, build, get_config
 from cemlib.train.results import environment_info, git_commit
+from cemlib.train.sweep import run_name
 
 SEED = ("train.seed=0",)
 BASELINES = ("llama", "gpt")  # no energy
@@ -56,11 +57,11 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
     for model_name in BENCH_WIDTHS[task_name]:
         if model_name in BASELINES:
             continue
-        experiment = f"bench-{task_name}-{model_name}"
+        experiment = bench_experiment(task_name, model_name)
         model, task = build(get_config(experiment, preset, SEED), task)   # one task for all models
         assert isinstance(model, ENERGY_MODELS), experiment
         ckpt, run = _checkpoint(experiment, preset, runs)
-        ref = stored / f"bench_{task_name}_{preset}" / f"{experiment.replace('-', '_')}__seed0.json"
+        ref = stored / f"bench_{task_name}_{preset}" / f"{run_name(experiment, (), 0)}.json"
         ref_final = load_results(ref)["metrics"]["final"] if ref.exists() else None
         if ref_final is not None and run["metrics"]["final"] != ref_final:
             raise SystemExit(f"{experiment}: the checkpoint's run does not reproduce the stored {ref.name}")

@@ -39,7 +39,7 @@ from cemlib.train.tasks import Task
 from cemlib.utils import seed_everything
 
 __all__ = ["Experiment", "register", "EXPERIMENTS", "get_config", "load_data", "build", "run_experiment",
-           "reproduce_command", "model_fields", "bench_model"]
+           "reproduce_command", "model_fields", "bench_experiment", "bench_model"]
 
 
 @dataclass(frozen=True)
@@ -641,10 +641,20 @@ _BENCH_TASKS = {
                 "train": dict(max_steps=10_000, batch_size=64, eval_interval=1000, eval_batches=50,
                               log_interval=50)}}),
 }
+
+
+def bench_experiment(task_name: str, model: str) -> str:
+    """The registered name of the benchmark's ``model`` on ``task_name``: ``bench-<task>-<model>``."""
+    if task_name not in BENCH_WIDTHS or model not in BENCH_WIDTHS[task_name]:
+        raise ConfigError(f"no benchmark model {model!r} for task {task_name!r}; known: "
+                          + ", ".join(f"{t}/{m}" for t, ms in BENCH_WIDTHS.items() for m in ms))
+    return f"bench-{task_name}-{model}"
+
+
 for _task, (_what, _p) in _BENCH_TASKS.items():
     for _model, (_d_cpu, _d_gpu) in BENCH_WIDTHS[_task].items():
         _label, _builder, _kwargs = BENCH_MODELS[_model]
-        _n = f"bench-{_task}-{_model}"
+        _n = bench_experiment(_task, _model)
         _gpu_model = _kwargs(_d_gpu, 6, 4)
         if _builder is _build_lm:
             _gpu_model["check_finite"] = False  # the trainer checks loss and gradients every step
@@ -661,10 +671,7 @@ def bench_model(task_name: str, model: str, width: int | None = None, preset: st
 
     ``task``: an already loaded task of the benchmark (the task options are the same for every model
     of a task), so that building several models or widths loads the data once."""
-    if task_name not in BENCH_WIDTHS or model not in BENCH_WIDTHS[task_name]:
-        raise ConfigError(f"no benchmark model {model!r} for task {task_name!r}; known: "
-                          + ", ".join(f"{t}/{m}" for t, ms in BENCH_WIDTHS.items() for m in ms))
-    experiment = f"bench-{task_name}-{model}"
+    experiment = bench_experiment(task_name, model)
     overrides = []
     if width is not None:
         key = "d" if "d" in get_config(experiment, preset).model else "d_model"
