@@ -3,12 +3,21 @@
 Chapters run on the CPU reference path, like the committed outputs. Widget views and JavaScript
 animations carry random model ids, so those mimetypes are not compared (their ``text/plain``
 fallback still is); everything else -- stdout, text/plain, LaTeX -- must match exactly after the
-substitutions of ``tests/nbval_sanitize.cfg``.
+substitutions of ``tests/nbval_sanitize.cfg``. The kernels inherit this process's environment, so
+they also run with the portable CPU numerics of ``book/portable_numerics.py`` (the kernel choice of
+the math libraries pinned, so that the printed digits do not depend on the processor).
 """
 
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import portable_numerics  # noqa: E402
 
 os.environ.setdefault("CEMLIB_DEVICE", "cpu")
+portable_numerics.apply()
+sys.path.pop(0)
 
 
 def pytest_collectstart(collector):

@@ -6,8 +6,9 @@
 
 A notebook is written back only if the fresh run passes the checks that CI relies on: no error
 output (except in cells tagged ``raises-exception``), cells executed once each, top to bottom, in
-one kernel, and no path of this machine in any output. Chapters run with ``CEMLIB_DEVICE=cpu`` so
-the committed outputs are the CPU reference that nbval compares against.
+one kernel, and no path of this machine in any output. Chapters run with ``CEMLIB_DEVICE=cpu`` and
+the portable CPU numerics of ``book/portable_numerics.py`` (as under nbval), so the committed outputs
+are the CPU reference that nbval compares against on any x86-64 machine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import portable_numerics  # noqa: E402  (book/portable_numerics.py)
+
+sys.path.pop(0)
 
 
 def chapters_from_toc(root: Path = ROOT) -> list[Path]:
@@ -66,6 +71,7 @@ def execute(path: Path, timeout: int = 900) -> tuple[object, float]:
 
     nb = nbformat.read(path, as_version=4)
     os.environ["CEMLIB_DEVICE"] = "cpu"
+    portable_numerics.apply()
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent)}})

@@ -46,3 +46,33 @@ def test_helper_refuses_errors_order_and_paths():
     leak = {"output_type": "stream", "name": "stdout", "text": str(ROOT) + "/cemlib/x.py\n"}
     assert any("machine path" in p for p in rerun.problems(_nb(("print()", [leak], 1))))
     assert any("not executed" in p for p in rerun.problems(_nb(("1", [], None))))
+
+
+def test_portable_numerics_reach_the_chapter_kernel(tmp_path, monkeypatch):
+    """A chapter executed by the re-execution helper (as by nbval, whose kernels inherit the same
+    environment from book/conftest.py) runs with the pinned kernel choice of
+    book/portable_numerics.py on x86-64; a value already set is kept."""
+    import json
+    import os
+    import platform
+
+    for key in rerun.portable_numerics.PORTABLE_ENV:
+        monkeypatch.setenv(key, "")                          # recorded, so the end of the test restores it
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")          # a reader's own choice wins
+    path = tmp_path / "probe.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import json, os, torch\n"
+        "print(json.dumps({'cap': torch.backends.cpu.get_cpu_capability(),\n"
+        "                  **{k: os.environ.get(k) for k in ('MKL_CBWR', 'ATEN_CPU_CAPABILITY', 'OPENBLAS_CORETYPE')}}))"))
+    nbformat.write(nb, path)
+    executed, _ = rerun.execute(path, timeout=120)
+    seen = json.loads(executed.cells[0].outputs[0]["text"])
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert seen["MKL_CBWR"] is None
+        return
+    assert seen["MKL_CBWR"] == "COMPATIBLE" and seen["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert seen["OPENBLAS_CORETYPE"] == "Zen"
+    assert seen["cap"] in ("AVX2", "DEFAULT"), seen              # never AVX512, even where present
+    assert os.environ["MKL_CBWR"] == "COMPATIBLE"                 # set in this process (restored after the test)
