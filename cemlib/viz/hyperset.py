@@ -171,14 +171,15 @@ def circle_flow_animation(beta: float = 1.0, step: float = 0.1, steps: int = 30,
 
 
 def render_circle_flow_png(flow: str, beta: float, step: float, steps: int, n_tokens: int = 12,
-                           seed: int = 0, figsize=(4.2, 4.0), dpi: int = 80) -> tuple[bytes, dict]:
-    """One panel as PNG bytes (for the explorer) and its run."""
+                           seed: int = 0, figsize=(4.2, 4.0), dpi: int = 80, layout_key=None) -> tuple[bytes, dict]:
+    """One panel as PNG bytes (for the explorer) and its run (``layout_key``: see
+    :func:`cemlib.viz.style.render_png`)."""
     from cemlib.viz.style import render_png
 
     run = circle_flow(circle_tokens(n_tokens, seed=seed), flow, beta, step, steps)
     png, _ = render_png(lambda fig: plot_circle_flow(
         fig.subplots(), run, title=rf"{FLOWS[flow]}, $\beta={beta:.3g}$, step ${step:.3g}$",
-        show_anchors=flow in ("feedforward", "both")), figsize, dpi)
+        show_anchors=flow in ("feedforward", "both")), figsize, dpi, layout_key)
     return png, run
 
 
@@ -193,6 +194,7 @@ def _explorer_class():
 
         def __init__(self, flow, beta, step, steps, n_tokens, seed):
             self.seed = seed
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
             st = {"description_width": "initial"}
             self.beta = W.FloatLogSlider(value=beta, base=10, min=-1, max=1, step=0.05,
                                          description="inverse temperature β", style=st)
@@ -202,11 +204,13 @@ def _explorer_class():
             self.n = W.IntSlider(value=n_tokens, min=2, max=40, description="tokens N", style=st)
             self.flow = W.Dropdown(options=[(v, k) for k, v in FLOWS.items()], value=flow,
                                    description="flow", style=st)
-            finish_explorer(self, [[self.beta, self.step, self.flow], [self.steps, self.n]])
+            finish_explorer(self, [[self.beta, self.step, self.flow], [self.steps, self.n]],
+                            legend="each token's direction on the unit circle: ○ start · ● end · thin line: its path "
+                                   "· arrows: the feed-forward's anchor directions")
 
         def _redraw(self, change=None):
             png, run = render_circle_flow_png(self.flow.value, self.beta.value, self.step.value,
-                                              self.steps.value, self.n.value, self.seed)
+                                              self.steps.value, self.n.value, self.seed, layout_key=self.layout_key)
             self.image.value = png
             ea, ef = run["attention_energy"], run["ff_energy"]
             self.info.value = (f"average angle {run['angle'][0].item():.1f}° → {run['angle'][-1].item():.1f}°; "
