@@ -10,7 +10,7 @@ def test_table_text_and_html_hold_the_same_cells():
               ["comparison", "delta", "verdict"], caption="Claims", formats={"delta": "{:+.3f}"})
     text = repr(t)
     assert text.splitlines()[0] == "Claims"
-    assert "CEM attention (T=1) vs Llama  +0.043  agree" in text
+    assert "CEM attention (T=1) vs Llama          +0.043  agree" in text
     assert t.numeric == [False, True, False]
     html = t._repr_html_()
     assert html.count("<tr>") == 3 and "<caption>Claims</caption>" in html
