@@ -70,9 +70,16 @@ def opening_problems(nb) -> list[str]:
     return ["no prose at all"]
 
 
-def test_config_holds_a_github_url_and_a_ref():
+def test_config_holds_a_github_url_and_a_pinned_ref():
     assert SETTINGS["url"].startswith("https://github.com/")
-    assert SETTINGS["ref"] and SETTINGS["ref"] not in {"master"}
+    assert sync_colab.pin_problem(SETTINGS["ref"], sync_colab.project_version(ROOT)) is None
+
+
+def test_pin_rule_rejects_branches():
+    assert sync_colab.pin_problem("main", "0.1.0") and sync_colab.pin_problem("master", "0.1.0")
+    assert sync_colab.pin_problem("v0.0.9", "0.1.0") and sync_colab.pin_problem("f8a1d23", "0.1.0")
+    assert sync_colab.pin_problem("v0.1.0", "0.1.0") is None
+    assert sync_colab.pin_problem("f8a1d23" + "0" * 33, "0.1.0") is None
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
