@@ -62,6 +62,10 @@ CDN_ASSETS = {
 }
 
 
+#: the words of a verdict (the book's reproduction tables); an output carrying one must fit a phone
+VERDICT = re.compile(r"\b(?:agree|agrees|disagree|disagrees|not resolvable|not testable|unresolved)\b", re.I)
+
+
 def chapter_pages(html_dir: Path = HTML) -> list[Path]:
     """The built pages of the book's chapters and back matter (``book/*.html``)."""
     return sorted((html_dir / "book").glob("*.html"))
@@ -84,29 +88,34 @@ def output_blocks(page_html: str) -> list[dict]:
     blocks = []
     for pre in soup.select("div.cell_output pre"):
         lines = pre.get_text().rstrip("\n").split("\n")
+        text = "\n".join(lines)
         blocks.append({"chars": max((len(line.expandtabs()) for line in lines), default=0),
-                       "lines": len(lines), "section": _section_title(pre),
+                       "lines": len(lines), "section": _section_title(pre), "verdict": bool(VERDICT.search(text)),
                        "collapsed": pre.find_parent("details") is not None,
                        "first": next((ln.strip() for ln in lines if ln.strip()), "")[:70]})
     return blocks
 
 
 def static_overflow(html_dir: Path = HTML, widths=tuple(COLUMN_CHARS)) -> dict:
-    """``{page name: {"outputs": n, width: [blocks wider than the column at that width]}}``."""
+    """``{page name: {"outputs": n, width: [blocks wider than the column at that width],
+    "verdicts": {width: [such blocks that carry a verdict]}}}`` (collapsed outputs excluded)."""
     report = {}
     for page in chapter_pages(html_dir):
-        blocks = output_blocks(page.read_text(encoding="utf-8"))
-        report[page.name] = {"outputs": len(blocks)}
+        blocks = [b for b in output_blocks(page.read_text(encoding="utf-8")) if not b["collapsed"]]
+        report[page.name] = {"outputs": len(blocks), "verdicts": {}}
         for w in widths:
             report[page.name][w] = [b for b in blocks if b["chars"] > COLUMN_CHARS[w]]
+            report[page.name]["verdicts"][w] = [b for b in report[page.name][w] if b["verdict"]]
     return report
 
 
 def print_static(report: dict) -> None:
     widths = [k for k in next(iter(report.values())) if isinstance(k, int)]
-    print(f"{'page':42s} {'outputs':>7s} " + " ".join(f"{'>' + str(w) + ' px':>9s}" for w in widths))
+    print(f"{'page':42s} {'outputs':>7s} " + " ".join(f"{'>' + str(w) + ' px':>9s}" for w in widths)
+          + " " + " ".join(f"{'verdict>' + str(w):>12s}" for w in widths))
     for name, r in report.items():
-        print(f"{name:42s} {r['outputs']:7d} " + " ".join(f"{len(r[w]):9d}" for w in widths))
+        print(f"{name:42s} {r['outputs']:7d} " + " ".join(f"{len(r[w]):9d}" for w in widths)
+              + " " + " ".join(f"{len(r['verdicts'][w]):12d}" for w in widths))
     for name, r in report.items():
         if r[widths[0]]:
             print(f"\n{name}: wider than the column at {widths[0]} px ({COLUMN_CHARS[widths[0]]} characters)")
