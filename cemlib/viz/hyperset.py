@@ -148,10 +148,17 @@ def circle_flow_small_multiples(betas=(0.5, 2.0), flows=("attention", "feedforwa
     return fig, angles
 
 
+#: short panel titles for the animation (three panels side by side)
+SHORT_FLOWS = {"attention": "Hyper-SET attention", "feedforward": "Hyper-SET feed-forward",
+               "both": "attention + feed-forward", "cem": "CEM attention"}
+
+
 def circle_flow_animation(beta: float = 1.0, step: float = 0.1, steps: int = 30,
                           flows=("attention", "both", "cem"), n_tokens: int = 12, seed: int = 0,
-                          figsize=(7.5, 2.8), dpi: int = 72, interval: int = 150):
-    """A ``FuncAnimation`` with one frame per iteration, one panel per flow (the same start)."""
+                          figsize=(7.5, 3.1), dpi: int = 100, interval: int = 150):
+    """A ``FuncAnimation`` with one frame per iteration, one panel per flow (the same start): short
+    panel titles, the iteration ``t`` in the figure's title (turn it into a player with
+    :func:`cemlib.viz.landscape.animation_html`; at its default dpi a frame is about 700 px wide)."""
     from matplotlib.animation import FuncAnimation
     from matplotlib.figure import Figure
 
@@ -160,11 +167,14 @@ def circle_flow_animation(beta: float = 1.0, step: float = 0.1, steps: int = 30,
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     axes = fig.subplots(1, len(flows), squeeze=False)[0]
 
+    title = fig.suptitle("")
+
     def draw(frame: int):
         for ax, f, run in zip(axes, flows, runs):
             ax.clear()
             part = dict(run, states=run["states"][: frame + 1], angle=run["angle"][: frame + 1])
-            plot_circle_flow(ax, part, title=f"{FLOWS[f]}, t = {frame}", show_anchors=f in ("feedforward", "both"))
+            plot_circle_flow(ax, part, title=SHORT_FLOWS[f], show_anchors=f in ("feedforward", "both"))
+        title.set_text(rf"iteration $t = {frame}$ of {steps} ($\beta={beta:g}$, step ${step:g}$)")
         return []
 
     return FuncAnimation(fig, draw, frames=steps + 1, interval=interval, blit=False)
