@@ -207,7 +207,7 @@ def _explorer_class():
             self.layout_key = object()           # this explorer's frozen layout (see render_png)
             st = {"description_width": "initial"}
             self.beta = W.FloatLogSlider(value=beta, base=10, min=-1, max=1, step=0.05,
-                                         description="inverse temperature β", style=st)
+                                         description="β (inverse temp.)", style=st)
             self.step = W.FloatLogSlider(value=step, base=10, min=-2.5, max=0.5, step=0.05,
                                          description="step size α = γ", style=st)
             self.steps = W.IntSlider(value=steps, min=1, max=100, description="steps", style=st)

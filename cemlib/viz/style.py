@@ -63,7 +63,7 @@ def render_png(draw, figsize, dpi: int = 80, layout_key=None):
         elif frozen is not None:
             fig.set_layout_engine("constrained")
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format="png", dpi=dpi)       # at ``dpi``, not the style's savefig.dpi
         if key is not None and (frozen is None or len(frozen) != len(fig.axes)):
             _LAYOUTS[key] = [ax.get_position(original=True).frozen() for ax in fig.axes]
     return buf.getvalue(), result

@@ -172,7 +172,7 @@ def _explorer_class():
             self.layout_key = object()           # this explorer's frozen layout (see render_png)
             style = {"description_width": "initial"}
             self.beta = W.FloatLogSlider(value=beta, base=10, min=-1, max=1.5, step=0.05,
-                                         description="inverse temperature β", style=style)
+                                         description="β (inverse temp.)", style=style)
             self.rule = W.Dropdown(options=[("CCCP (η = 1)", "cccp"), ("gradient step", "gradient")],
                                    value=rule, description="update rule", style=style)
             self.eta, self.steps, self.x0, self.y0 = step_controls(start, eta, steps, xlim, ylim)
