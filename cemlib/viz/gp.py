@@ -88,7 +88,7 @@ def _explorer_class():
         def _redraw(self, change=None):
             self.image.value = render_gp_png(self.kernel.value, self.ell.value, self.seed.value,
                                              self.period.value, self.alpha.value,
-                                             layout_key=(self.layout_key, self.kernel.value))
+                                             layout_key=self.layout_key)
 
         def __repr__(self):
             return (f"GPSliceExplorer(kernel={self.kernel.value!r}, lengthscale={self.ell.value:.3g}, "

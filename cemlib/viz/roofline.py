@@ -145,7 +145,7 @@ def _explorer_class():
 
         def _redraw(self, change=None):
             self.block_m.disabled = self.phase.value == "decode"
-            png, costs = render_roofline_png(machine=self.machine, layout_key=(self.layout_key, self.phase.value),
+            png, costs = render_roofline_png(machine=self.machine, layout_key=self.layout_key,
                                              **self.setting())
             self.image.value = png
             t = {k: c.time_bound(self.machine) for k, c in costs.items()}
