@@ -6,25 +6,19 @@ chapter that still reads them by a path next to the notebook is expected to fail
 once it uses ``cemlib.stored.stored_path`` the mark goes away by itself). The fast tests always run.
 """
 
-import importlib.util
 import os
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from book_scripts import load
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "book" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-run_alone = _load("run_alone")
-rerun = _load("rerun")
+run_alone = load("run_alone")
+rerun = load("rerun")
 STORED_CHAPTERS = [p for p in rerun.chapters_from_toc(ROOT) if run_alone.reads_stored_results(p)]
 
 

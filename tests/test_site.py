@@ -13,24 +13,17 @@
   built.
 """
 
-import importlib.util
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from book_scripts import load as _load
 from test_no_external_refs import offending_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "book" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 rerun = _load("rerun")
