@@ -20,6 +20,8 @@ Usage, from the repository root::
     python book/sync_colab.py                 # every book/*.ipynb
     python book/sync_colab.py book/ch01_associative_memory.ipynb
     python book/sync_colab.py --check         # only report notebooks that disagree (exit 1 if any)
+
+It refuses to write a ref that is not pinned (see :func:`pin_problem`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,24 @@ def settings(root: Path = ROOT) -> dict:
         "path_to_book": str(repo.get("path_to_book") or "").strip("/"),
         "colab": cfg.get("launch_buttons", {}).get("colab_url", "https://colab.research.google.com").rstrip("/"),
     }
+
+
+def project_version(root: Path = ROOT) -> str:
+    """``version`` of ``pyproject.toml``'s ``[project]`` table."""
+    m = re.search(r'(?ms)^\[project\].*?^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text())
+    if not m:
+        raise ValueError("pyproject.toml has no [project] version")
+    return m.group(1)
+
+
+def pin_problem(ref: str, version: str) -> str | None:
+    """Why ``ref`` is not a pinned ref for this release (``None`` when it is): it must be the release
+    tag ``v<version>`` or a full 40-hex commit hash, never a branch such as ``main``, which moves
+    (a chapter would then open in Colab with a library that no longer matches its outputs)."""
+    if re.fullmatch(r"[0-9a-f]{40}", ref) or ref == f"v{version}":
+        return None
+    return (f"repository.branch is {ref!r}: pin it to the release tag 'v{version}' (pyproject.toml's version) "
+            "or to a full commit hash")
 
 
 def notebook_repo_path(nb_path: Path, root: Path = ROOT) -> str:
@@ -146,6 +166,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="only report disagreements; exit 1 if any")
     args = ap.parse_args(argv)
     s = settings()
+    problem = pin_problem(s["ref"], project_version())
+    if problem and not args.check:
+        print(problem, file=sys.stderr)
+        return 1
     paths = [p.resolve() for p in args.notebooks] or sorted((ROOT / "book").glob("*.ipynb"))
     bad = 0
     for path in paths:

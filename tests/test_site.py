@@ -13,24 +13,17 @@
   built.
 """
 
-import importlib.util
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from book_scripts import load as _load
 from test_no_external_refs import offending_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "book" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 rerun = _load("rerun")
@@ -70,9 +63,16 @@ def opening_problems(nb) -> list[str]:
     return ["no prose at all"]
 
 
-def test_config_holds_a_github_url_and_a_ref():
+def test_config_holds_a_github_url_and_a_pinned_ref():
     assert SETTINGS["url"].startswith("https://github.com/")
-    assert SETTINGS["ref"] and SETTINGS["ref"] not in {"master"}
+    assert sync_colab.pin_problem(SETTINGS["ref"], sync_colab.project_version(ROOT)) is None
+
+
+def test_pin_rule_rejects_branches():
+    assert sync_colab.pin_problem("main", "0.1.0") and sync_colab.pin_problem("master", "0.1.0")
+    assert sync_colab.pin_problem("v0.0.9", "0.1.0") and sync_colab.pin_problem("f8a1d23", "0.1.0")
+    assert sync_colab.pin_problem("v0.1.0", "0.1.0") is None
+    assert sync_colab.pin_problem("f8a1d23" + "0" * 33, "0.1.0") is None
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
@@ -163,3 +163,83 @@ def test_built_launch_buttons_point_at_the_pinned_notebooks():
         links = set(re.findall(r'href="(https://colab\.research\.google\.com/github/[^"]+)"', html))
         assert links, f"{page.name}: no Colab link"
         assert links == {sync_colab.colab_url(path, SETTINGS, ROOT)}, (page.name, links)
+
+
+# ------------------------------------------------------------------ what fits the column (built site)
+site_check = _load("site_check")
+
+# Text outputs wider than the column, per page, in the site as built from the committed chapters
+# when this check was written: at 1366 px (a laptop), and those carrying a verdict at 390 px (a
+# phone). A page may not get worse; when a chapter's outputs become rendered tables
+# (cemlib.viz.tables), figures or collapsed outputs, lower its number here. The goal is 0 for both.
+WIDE_OUTPUTS_1366 = {
+    "ch01_associative_memory.html": 6, "ch02_attention_gradient_step.html": 16,
+    "ch03_gated_mlp_gradient_step.html": 11, "ch04_beyond_one_step.html": 14, "ch05_cem_transformer.html": 9,
+    "ch06_recursion_regression.html": 7, "ch07_nrgpt.html": 15, "ch08_free_energy_newton.html": 17,
+    "ch09_hyperset.html": 15, "ch10_four_energies_benchmark.html": 13, "ch11_fused_kernels.html": 17,
+    "errata.html": 39}
+WIDE_VERDICTS_390 = {
+    "ch02_attention_gradient_step.html": 3, "ch03_gated_mlp_gradient_step.html": 3, "ch04_beyond_one_step.html": 1,
+    "ch05_cem_transformer.html": 4, "ch06_recursion_regression.html": 4, "ch07_nrgpt.html": 2,
+    "ch08_free_energy_newton.html": 9, "ch09_hyperset.html": 1, "ch11_fused_kernels.html": 3}
+
+
+def test_built_text_outputs_fit_the_column():
+    """Static check of the built HTML (no browser): characters per line of every text output
+    against the characters that fit the column (site_check.COLUMN_CHARS, measured in Chromium)."""
+    _built_pages()
+    report = site_check.static_overflow(HTML)
+    worse, better = [], []
+    for name, r in report.items():
+        for got, budget, what in ((len(r[1366]), WIDE_OUTPUTS_1366.get(name, 0), "outputs wider than 1366 px"),
+                                  (len(r["verdicts"][390]), WIDE_VERDICTS_390.get(name, 0), "verdicts wider than 390 px")):
+            if got > budget:
+                worse.append(f"{name}: {got} {what} (at most {budget}): " +
+                             "; ".join(f"{b['chars']} ch [{b['section']}] {b['first']}" for b in r[1366][:5]))
+            elif got < budget:
+                better.append(f"{name}: {what} {budget} -> {got}")
+    assert not worse, "\n".join(worse)
+    assert not better, "fewer wide outputs than allowed: lower the numbers in tests/test_site.py\n" + "\n".join(better)
+
+
+def test_widget_manager_only_on_pages_with_a_widget():
+    for page in _built_pages():
+        if page.suffix != ".html":
+            continue
+        html = page.read_text(encoding="utf-8")
+        shows = "application/vnd.jupyter.widget-view+json" in html
+        loads = "embed-amd.js" in html or "application/vnd.jupyter.widget-state+json" in html
+        assert loads == shows, f"{page.relative_to(HTML)}: widget manager loaded: {loads}, widget shown: {shows}"
+
+
+def test_book_css_is_loaded():
+    _built_pages()
+    assert (HTML / "_static" / "reader.css").is_file()
+    assert "reader.css" in (HTML / "book" / "ch01_associative_memory.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(site_check.chromium() is None, reason="Chromium is not installed")
+def test_pages_in_chromium():
+    """In headless Chromium (skipped where it is not installed, as in CI): at 1366 px no table is cut
+    but those listed, no figure is stretched, no equation number is drawn over its equation; at
+    390 px no animation player is cut. Equations and tables (whose width depends on typeset math)
+    are checked only where MathJax loads: offline, point ``CEMLIB_SITE_ASSETS`` at local copies of
+    the CDN packages (see book/site_check.py)."""
+    import os
+
+    _built_pages()
+    pages = [p.relative_to(HTML).as_posix() for p in site_check.chapter_pages(HTML)]
+    assets = os.environ.get("CEMLIB_SITE_ASSETS")
+    measured = site_check.browser_measure(pages, [1366, 390], Path(assets) if assets else None)
+    cut_tables = {"book/ch10_four_energies_benchmark.html", "book/errata.html", "book/library.html"}
+    problems = []
+    for page, by_width in measured.items():
+        wide, phone = by_width[1366], by_width[390]
+        if page not in cut_tables and wide["mathjax"]:
+            problems += [f"{page}: table cut at 1366 px: {t['first']}" for t in wide["tables"] if t["hidden"] > 0]
+        problems += [f"{page}: figure stretched x{i['scale']:.2f}: {i['src']}" for i in wide["images"]
+                     if i["scale"] > 1.05 and not i["in_widget"]]
+        problems += [f"{page}: number over equation {e['label']}" for m in (wide, phone) for e in m["math"]
+                     if e["number_over_math"]]
+        problems += [f"{page}: animation player cut at 390 px" for p in phone["players"] if p["hidden"] > 0]
+    assert not problems, "\n".join(problems)

@@ -119,3 +119,55 @@ def test_gp_draws_along_the_diagonal_and_the_gp_explorer():
     first = w.image.value
     w.seed.value = 3
     assert w.image.value[:8] == b"\x89PNG\r\n\x1a\n" and w.image.value != first
+
+
+def test_explorer_frame_natural_size_legend_busy_and_frozen_layout():
+    """Every explorer: the kernel note, the image at its PNG's own width (never stretched), a legend,
+    sliders with a fixed description width, no busy sign after a redraw; the second drawing reuses
+    the first one's layout (the axes do not move)."""
+    pytest.importorskip("ipywidgets")
+    from cemlib.viz.roofline import roofline_explorer
+    from cemlib.viz.style import _LAYOUTS, png_size
+
+    for w in (Wd.landscape_explorer(PATTERNS, steps=4), roofline_explorer(phase="forward", L=1024)):
+        note, row, legend, info = w.children
+        assert "needs a running Python kernel" in note.value
+        image, panel = row.children
+        assert image is w.image and image.layout.width == f"{png_size(w.image.value)[0]}px"
+        assert image.layout.max_width == "100%" and image.layout.height == "auto"
+        assert "·" in legend.value and w.status.value == ""
+        sliders = [c for c in panel.children if hasattr(c, "readout")]
+        assert sliders and all(s.style.description_width == Wd.DESCRIPTION_WIDTH for s in sliders)
+    before = {k: v for k, v in _LAYOUTS.items() if k[0] is w.layout_key or
+              (isinstance(k[0], tuple) and k[0][0] is w.layout_key)}
+    assert before
+    w.logL.value = 14                                  # a redraw with the same layout key
+    after = {k: v for k, v in _LAYOUTS.items() if k in before}
+    assert after == before
+
+
+def test_leaves_frame():
+    assert not Wd.leaves_frame(torch.tensor([[0.0, 0.0], [1.9, -1.9]]), (-2, 2), (-2, 2))
+    assert Wd.leaves_frame(torch.tensor([[0.0, 0.0], [2.5, 0.0]]), (-2, 2), (-2, 2))
+    w = Wd.landscape_explorer(PATTERNS, start=(1.9, 1.9), rule="gradient", eta=2.5, steps=3)
+    assert ("leaves the plotted square" in w.info.value) == Wd.leaves_frame(
+        modern_retrieve(torch.tensor([1.9, 1.9], dtype=f64), PATTERNS, 2.0, rule="gradient", eta=2.5, steps=3),
+        (-2, 2), (-2, 2))
+
+
+def test_render_png_frozen_layout_keeps_axes_positions():
+    from cemlib.viz.style import render_png
+
+    def draw(fig, title):
+        ax = fig.subplots()
+        ax.plot([0, 1], [0, 1])
+        ax.set_title(title)
+        return ax.get_position(original=True).bounds
+
+    key = object()
+    png1, pos1 = render_png(lambda f: draw(f, "a"), (3, 2), 50, layout_key=key)
+    png2, pos2 = render_png(lambda f: draw(f, "b"), (3, 2), 50, layout_key=key)
+    fig_positions = render_png(lambda f: draw(f, "b"), (3, 2), 50, layout_key=key)
+    assert png1 != png2 and fig_positions[0] == png2
+    from cemlib.viz.style import _LAYOUTS
+    assert _LAYOUTS[(key, (3, 2), 50)][0].bounds != (0.125, 0.11, 0.775, 0.77)   # constrained, not the default

@@ -138,8 +138,9 @@ def plot_energy_depth(ax, row: dict, label: str | None = None, color=None, lines
 
 
 def render_bench_png(sweep: dict, metric: str, models, x: str = "step", seeds: str = "band",
-                     zoom_from: float = 0.0, figsize=(5.8, 3.8), dpi: int = 80) -> bytes:
-    """The explorer's drawing: :func:`plot_sweep_curves` from ``zoom_from`` of the training on."""
+                     zoom_from: float = 0.0, figsize=(5.8, 3.8), dpi: int = 80, layout_key=None) -> bytes:
+    """The explorer's drawing: :func:`plot_sweep_curves` from ``zoom_from`` of the training on
+    (``layout_key``: see :func:`cemlib.viz.style.render_png`)."""
     def draw(fig):
         ax = fig.subplots()
         plot_sweep_curves(ax, sweep, metric, models, x, seeds)
@@ -148,7 +149,7 @@ def render_bench_png(sweep: dict, metric: str, models, x: str = "step", seeds: s
         if zoom_from > 0:
             ax.set_ylim(*ylim)
 
-    return render_png(draw, figsize, dpi)[0]
+    return render_png(draw, figsize, dpi, layout_key)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,6 +163,7 @@ def _explorer_class():
 
         def __init__(self, sweeps, metrics, task):
             self.sweeps, self.metrics = sweeps, metrics
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
             st = {"description_width": "initial"}
             self.task = W.Dropdown(options=list(sweeps), value=task, description="task", style=st)
             self.metric = W.Dropdown(options=metrics[task], value=metrics[task][0], description="metric",
@@ -175,7 +177,8 @@ def _explorer_class():
             self.zoom = W.FloatSlider(value=0.3, min=0.0, max=0.9, step=0.1, description="start at fraction",
                                       style=st)
             self.task.observe(self._task_changed, names="value")
-            finish_explorer(self, [[self.task, self.metric, self.models], [self.seeds, self.x, self.zoom]])
+            finish_explorer(self, [[self.task, self.metric, self.models], [self.seeds, self.x, self.zoom]],
+                            legend="line: mean over the seeds · band: lowest to highest seed")
 
         def _task_changed(self, change):
             t = self.task.value
@@ -192,7 +195,9 @@ def _explorer_class():
                 self.info.value = "choose at least one model"
                 return
             self.image.value = render_bench_png(sweep, self.metric.value, models, self.x.value,
-                                                self.seeds.value, self.zoom.value)
+                                                self.seeds.value, self.zoom.value,
+                                                layout_key=(self.layout_key, self.task.value, self.metric.value,
+                                                            self.x.value, self.zoom.value > 0))
             finals = {m: sweep_curves(sweep[m], self.metric.value)[1][:, -1] for m in models}
             self.info.value = "final: " + "; ".join(
                 f"{MODEL_LABELS.get(m, m)} {v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0:.3f}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +28,7 @@ import torch
 
 from cemlib.utils import check_positive_int, check_tensor
 from cemlib.viz.landscape import contour_panel
-from cemlib.viz.widgets import finish_explorer, step_controls
+from cemlib.viz.widgets import PATH_LEGEND, finish_explorer, leaves_frame, set_legend, step_controls
 
 __all__ = ["Landscape2D", "cem_attention_landscape", "cem_mlp_landscape", "energy_grid",
            "shared_levels", "descent_path", "plot_energy", "energy_small_multiples",
@@ -269,8 +270,9 @@ def energy_animation(lands, starts, eta: float = 1.0, steps: int = 10, xlim: Lim
 def render_energy_png(land: Landscape2D, start, eta: float = 1.0, steps: int = 10,
                       xlim: Lim = (-2.0, 2.0), ylim: Lim = (-2.0, 2.0), n: int = 81,
                       figsize=(4.6, 3.8), dpi: int = 80,
-                      label: str = "energy") -> tuple[bytes, torch.Tensor]:
-    """Draw the landscape and the descent path from ``start`` (2,); return ``(png, path)``."""
+                      label: str = "energy", layout_key=None) -> tuple[bytes, torch.Tensor]:
+    """Draw the landscape and the descent path from ``start`` (2,); return ``(png, path)``
+    (``layout_key``: see :func:`cemlib.viz.style.render_png`)."""
     from cemlib.viz.style import render_png
 
     path = descent_path(land, start, eta, steps)
@@ -283,7 +285,13 @@ def render_energy_png(land: Landscape2D, start, eta: float = 1.0, steps: int = 1
         ax.set_title(f"{land.title}, $\\eta={eta:g}$, {steps} steps" if land.title else
                      f"$\\eta={eta:g}$, {steps} steps")
 
-    return render_png(draw, figsize, dpi)[0], path
+    return render_png(draw, figsize, dpi, layout_key)[0], path
+
+
+def _plain(tex: str) -> str:
+    """A label's text without TeX markup (``keys $\\mathbf{h}_j$`` -> ``keys h_j``), for an HTML line."""
+    text = re.sub(r"\\(?:mathbf|boldsymbol|mathrm|operatorname)\{([^{}]*)\}", r"\1", tex)
+    return text.replace("$", "").replace("\\", "")
 
 
 def _fmt(v) -> str:
@@ -300,6 +308,7 @@ def _explorer_class():
 
         def __init__(self, make, controls, start, eta, steps, xlim, ylim, label):
             self.make, self.xlim, self.ylim, self.label = make, xlim, ylim, label
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
             style = {"description_width": "initial"}
             self.params = {}
             for name, spec in controls.items():
@@ -312,7 +321,13 @@ def _explorer_class():
                                       style=style)
                 self.params[name] = w
             self.eta, self.steps, self.x0, self.y0 = step_controls(start, eta, steps, xlim, ylim, eta_max=3.0)
-            finish_explorer(self, [list(self.params.values()), [self.eta, self.steps, self.x0, self.y0]])
+            finish_explorer(self, [list(self.params.values()), [self.eta, self.steps, self.x0, self.y0]],
+                            legend=PATH_LEGEND.format(points="marked points"))
+
+        def _layout_for(self):
+            """The frozen layout's key: one per choice of the drop-downs (which may change the
+            energy's range, and so the colour bar's labels); the sliders reuse it."""
+            return (self.layout_key, *((k, w.value) for k, w in self.params.items() if isinstance(w, W.Dropdown)))
 
         def values(self) -> dict:
             return {name: w.value for name, w in self.params.items()}
@@ -321,14 +336,17 @@ def _explorer_class():
             land = self.make(**self.values())
             start = torch.tensor([self.x0.value, self.y0.value], dtype=torch.float64)
             png, path = render_energy_png(land, start, self.eta.value, self.steps.value, self.xlim,
-                                          self.ylim, label=self.label)
+                                          self.ylim, label=self.label, layout_key=self._layout_for())
             self.image.value = png
+            if land.points is not None:
+                set_legend(self, PATH_LEGEND.format(points=_plain(land.points_label) or "marked points"))
             with torch.no_grad():
                 E = land.energy(path)
             mono = bool((E[1:] <= E[:-1] + 1e-12).all())
             self.info.value = (f"energy: start {E[0].item():.4f} → end {E[-1].item():.4f} "
                                f"({'decreased at every step' if mono else 'rose at some step'});  "
-                               f"end point ({path[-1, 0].item():.3f}, {path[-1, 1].item():.3f})")
+                               f"end point ({path[-1, 0].item():.3f}, {path[-1, 1].item():.3f})"
+                               + ("; the path leaves the plotted square" if leaves_frame(path, self.xlim, self.ylim) else ""))
 
         def __repr__(self):
             args = [f"{k}={_fmt(v)}" for k, v in self.values().items()]

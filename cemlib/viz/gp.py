@@ -48,8 +48,9 @@ def plot_gp_draws(ax, kernel: str, lengthscale: float, seed: int = 0, num_draws:
 
 
 def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float = 2.0, alpha: float = 1.0,
-                  figsize=(5.6, 3.0), dpi: int = 80) -> bytes:
-    """One panel of :func:`plot_gp_draws` as PNG bytes (for the explorer)."""
+                  figsize=(5.6, 3.0), dpi: int = 80, layout_key=None) -> bytes:
+    """One panel of :func:`plot_gp_draws` as PNG bytes (for the explorer; ``layout_key``: see
+    :func:`cemlib.viz.style.render_png`)."""
     from cemlib.viz.style import render_png
 
     def draw(fig):
@@ -57,7 +58,7 @@ def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float 
         plot_gp_draws(ax, kernel, lengthscale, seed, period=period, alpha=alpha)
         ax.set_ylabel(r"$f(\mathbf{z})$")
 
-    return render_png(draw, figsize, dpi)[0]
+    return render_png(draw, figsize, dpi, layout_key)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,11 +81,14 @@ def _explorer_class():
             self.alpha = W.FloatLogSlider(value=1.0, base=10, min=-1, max=3, step=0.1, description="RQ α",
                                           style=st)
             self.seed = W.IntSlider(value=0, min=0, max=20, description="seed", style=st)
-            finish_explorer(self, [[self.kernel, self.ell, self.seed], [self.period, self.alpha]], info=False)
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
+            finish_explorer(self, [[self.kernel, self.ell, self.seed], [self.period, self.alpha]], info=False,
+                            legend="three draws of the Gaussian process along the diagonal of the input cube")
 
         def _redraw(self, change=None):
             self.image.value = render_gp_png(self.kernel.value, self.ell.value, self.seed.value,
-                                             self.period.value, self.alpha.value)
+                                             self.period.value, self.alpha.value,
+                                             layout_key=self.layout_key)
 
         def __repr__(self):
             return (f"GPSliceExplorer(kernel={self.kernel.value!r}, lengthscale={self.ell.value:.3g}, "

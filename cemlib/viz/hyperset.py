@@ -148,10 +148,17 @@ def circle_flow_small_multiples(betas=(0.5, 2.0), flows=("attention", "feedforwa
     return fig, angles
 
 
+#: short panel titles for the animation (three panels side by side)
+SHORT_FLOWS = {"attention": "Hyper-SET attention", "feedforward": "Hyper-SET feed-forward",
+               "both": "attention + feed-forward", "cem": "CEM attention"}
+
+
 def circle_flow_animation(beta: float = 1.0, step: float = 0.1, steps: int = 30,
                           flows=("attention", "both", "cem"), n_tokens: int = 12, seed: int = 0,
-                          figsize=(7.5, 2.8), dpi: int = 72, interval: int = 150):
-    """A ``FuncAnimation`` with one frame per iteration, one panel per flow (the same start)."""
+                          figsize=(7.5, 3.1), dpi: int = 100, interval: int = 150):
+    """A ``FuncAnimation`` with one frame per iteration, one panel per flow (the same start): short
+    panel titles, the iteration ``t`` in the figure's title (turn it into a player with
+    :func:`cemlib.viz.landscape.animation_html`; at its default dpi a frame is about 700 px wide)."""
     from matplotlib.animation import FuncAnimation
     from matplotlib.figure import Figure
 
@@ -160,25 +167,29 @@ def circle_flow_animation(beta: float = 1.0, step: float = 0.1, steps: int = 30,
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     axes = fig.subplots(1, len(flows), squeeze=False)[0]
 
+    title = fig.suptitle("")
+
     def draw(frame: int):
         for ax, f, run in zip(axes, flows, runs):
             ax.clear()
             part = dict(run, states=run["states"][: frame + 1], angle=run["angle"][: frame + 1])
-            plot_circle_flow(ax, part, title=f"{FLOWS[f]}, t = {frame}", show_anchors=f in ("feedforward", "both"))
+            plot_circle_flow(ax, part, title=SHORT_FLOWS[f], show_anchors=f in ("feedforward", "both"))
+        title.set_text(rf"iteration $t = {frame}$ of {steps} ($\beta={beta:g}$, step ${step:g}$)")
         return []
 
     return FuncAnimation(fig, draw, frames=steps + 1, interval=interval, blit=False)
 
 
 def render_circle_flow_png(flow: str, beta: float, step: float, steps: int, n_tokens: int = 12,
-                           seed: int = 0, figsize=(4.2, 4.0), dpi: int = 80) -> tuple[bytes, dict]:
-    """One panel as PNG bytes (for the explorer) and its run."""
+                           seed: int = 0, figsize=(4.2, 4.0), dpi: int = 80, layout_key=None) -> tuple[bytes, dict]:
+    """One panel as PNG bytes (for the explorer) and its run (``layout_key``: see
+    :func:`cemlib.viz.style.render_png`)."""
     from cemlib.viz.style import render_png
 
     run = circle_flow(circle_tokens(n_tokens, seed=seed), flow, beta, step, steps)
     png, _ = render_png(lambda fig: plot_circle_flow(
         fig.subplots(), run, title=rf"{FLOWS[flow]}, $\beta={beta:.3g}$, step ${step:.3g}$",
-        show_anchors=flow in ("feedforward", "both")), figsize, dpi)
+        show_anchors=flow in ("feedforward", "both")), figsize, dpi, layout_key)
     return png, run
 
 
@@ -193,20 +204,23 @@ def _explorer_class():
 
         def __init__(self, flow, beta, step, steps, n_tokens, seed):
             self.seed = seed
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
             st = {"description_width": "initial"}
             self.beta = W.FloatLogSlider(value=beta, base=10, min=-1, max=1, step=0.05,
-                                         description="inverse temperature β", style=st)
+                                         description="β (inverse temp.)", style=st)
             self.step = W.FloatLogSlider(value=step, base=10, min=-2.5, max=0.5, step=0.05,
                                          description="step size α = γ", style=st)
             self.steps = W.IntSlider(value=steps, min=1, max=100, description="steps", style=st)
             self.n = W.IntSlider(value=n_tokens, min=2, max=40, description="tokens N", style=st)
             self.flow = W.Dropdown(options=[(v, k) for k, v in FLOWS.items()], value=flow,
                                    description="flow", style=st)
-            finish_explorer(self, [[self.beta, self.step, self.flow], [self.steps, self.n]])
+            finish_explorer(self, [[self.beta, self.step, self.flow], [self.steps, self.n]],
+                            legend="each token's direction on the unit circle: ○ start · ● end · thin line: its path "
+                                   "· arrows: the feed-forward's anchor directions")
 
         def _redraw(self, change=None):
             png, run = render_circle_flow_png(self.flow.value, self.beta.value, self.step.value,
-                                              self.steps.value, self.n.value, self.seed)
+                                              self.steps.value, self.n.value, self.seed, layout_key=self.layout_key)
             self.image.value = png
             ea, ef = run["attention_energy"], run["ff_energy"]
             self.info.value = (f"average angle {run['angle'][0].item():.1f}° → {run['angle'][-1].item():.1f}°; "

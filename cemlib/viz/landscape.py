@@ -163,9 +163,11 @@ def landscape_animation(patterns: torch.Tensor, betas, starts: torch.Tensor, rul
     return FuncAnimation(fig, draw, frames=len(betas), interval=interval, blit=False)
 
 
-def animation_html(anim, dpi: int = 60, frame_format: str = "jpeg") -> str:
+def animation_html(anim, dpi: int = 90, frame_format: str = "jpeg") -> str:
     """``anim.to_jshtml()`` with frames saved at ``dpi`` in ``frame_format`` (JPEG frames keep the
-    embedded player about a fifth of the size of PNG ones). Returns the HTML string.
+    embedded player about a fifth of the size of PNG ones). Returns the HTML string. At the default
+    90 dpi a frame is shown at its figure's size in the book style (the site's CSS narrows the
+    player to the column on a phone).
 
     Matplotlib caches the player on ``anim`` at the first call, so call this once per animation.
     """

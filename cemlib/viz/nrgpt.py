@@ -120,16 +120,18 @@ def token_energy_small_multiples(cs, rates=("gamma", "identity"), gamma_spread: 
 
 
 def render_token_energy_png(c: float, gamma_spread: float, steps: int, rate: str = "gamma",
-                            figsize=(5.6, 3.4), dpi: int = 80, **block_kwargs) -> tuple[bytes, int, int]:
+                            figsize=(5.6, 3.4), dpi: int = 80, layout_key=None,
+                            **block_kwargs) -> tuple[bytes, int, int]:
     """One panel as PNG bytes (for the explorer), its number of (token, step) rises and the number
-    of rises of the first token (which has no earlier token to wait for)."""
+    of rises of the first token (which has no earlier token to wait for). ``layout_key``: see
+    :func:`cemlib.viz.style.render_png`."""
     from cemlib.viz.style import render_png
 
     block, x0 = random_block(gamma_spread=gamma_spread, **block_kwargs)
     E = token_energy_trajectories(block, x0, c, steps, rate)
     png, n = render_png(lambda fig: plot_token_energies(
         fig.subplots(), E, title=f"{RATE_CHOICES[rate]}, $c={c:.3g}$, "
-                                 rf"$\log\gamma$ spread $s={gamma_spread:.2g}$", legend=True), figsize, dpi)
+                                 rf"$\log\gamma$ spread $s={gamma_spread:.2g}$", legend=True), figsize, dpi, layout_key)
     return png, n, int(count_rises(E)[:, 0].sum())
 
 
@@ -144,6 +146,7 @@ def _explorer_class():
 
         def __init__(self, c, gamma_spread, steps, rate, block_kwargs):
             self.block_kwargs = block_kwargs
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
             st = {"description_width": "initial"}
             self.c = W.FloatLogSlider(value=c, base=10, min=-2.5, max=2, step=0.1,
                                       description="step size c", style=st)
@@ -152,11 +155,14 @@ def _explorer_class():
             self.steps = W.IntSlider(value=steps, min=1, max=100, description="steps", style=st)
             self.rate = W.Dropdown(options=[("η = c diag(γ)", "gamma"), ("η = c I", "identity")],
                                    value=rate, description="inference rate", style=st)
-            finish_explorer(self, [[self.c, self.spread], [self.steps, self.rate]])
+            finish_explorer(self, [[self.c, self.spread], [self.steps, self.rate]],
+                            legend="one line per token, coloured by position (dark: first token) · "
+                                   "red dot: that token's energy rose at that step")
 
         def _redraw(self, change=None):
             png, n, n1 = render_token_energy_png(self.c.value, self.spread.value, self.steps.value,
-                                                 self.rate.value, **self.block_kwargs)
+                                                 self.rate.value, layout_key=(self.layout_key, self.rate.value),
+                                                 **self.block_kwargs)
             self.image.value = png
             self.rises, self.first_rises = n, n1
             self.info.value = (f"energy rose at {n} (token, step) pairs; "

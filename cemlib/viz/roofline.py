@@ -99,9 +99,10 @@ def roofline_small_multiples(settings: list[dict], ncols: int = 2, machine: Mach
     return fig
 
 
-def render_roofline_png(figsize=(5.6, 4.0), dpi: int = 80, **setting) -> tuple[bytes, dict]:
-    """Render :func:`roofline_panel` for ``setting`` to PNG bytes; return ``(png, costs)``."""
-    return render_png(lambda fig: roofline_panel(fig.subplots(), **setting), figsize, dpi)
+def render_roofline_png(figsize=(5.6, 4.0), dpi: int = 80, layout_key=None, **setting) -> tuple[bytes, dict]:
+    """Render :func:`roofline_panel` for ``setting`` to PNG bytes; return ``(png, costs)``
+    (``layout_key``: see :func:`cemlib.viz.style.render_png`)."""
+    return render_png(lambda fig: roofline_panel(fig.subplots(), **setting), figsize, dpi, layout_key)
 
 
 def _fmt_time(seconds: float) -> str:
@@ -112,6 +113,8 @@ def _fmt_time(seconds: float) -> str:
 def _explorer_class():
     import ipywidgets as W
 
+    from cemlib.viz.widgets import finish_explorer
+
     class RooflineExplorer(W.VBox):
         """Controls for phase, sequence/cache length, batch, head width and query tile."""
 
@@ -121,22 +124,19 @@ def _explorer_class():
             self.phase = W.Dropdown(options=[("training / prefill forward", "forward"),
                                              ("decode (one token, KV cache)", "decode")],
                                     value=phase, description="phase", style=style)
-            self.logL = W.IntSlider(value=int(np.log2(L)), min=6, max=16,
-                                    description="log₂ L (sequence or cache length)", style=style)
+            self.logL = W.IntSlider(value=int(np.log2(L)), min=6, max=16, description="log₂ L (length)",
+                                    tooltip="log₂ of the sequence length (forward) or of the cache length (decode)",
+                                    style=style)
             self.logB = W.IntSlider(value=int(np.log2(batch)), min=0, max=9,
                                     description="log₂ batch", style=style)
             self.head_dim = W.Dropdown(options=[32, 64, 128, 256], value=head_dim,
                                        description="head width d", style=style)
             self.block_m = W.Dropdown(options=[16, 32, 64, 128, 256, 512], value=block_m,
                                       description="query tile B_m", style=style)
-            self.image = W.Image(format="png")
-            self.info = W.HTML()
-            controls = W.HBox([W.VBox([self.phase, self.logL, self.logB]),
-                               W.VBox([self.head_dim, self.block_m])])
-            super().__init__(children=[controls, self.image, self.info])
-            for w in (self.phase, self.logL, self.logB, self.head_dim, self.block_m):
-                w.observe(self._redraw, names="value")
-            self._redraw()
+            self.layout_key = object()           # this explorer's frozen layout (see render_png)
+            finish_explorer(self, [[self.phase, self.logL, self.logB], [self.head_dim, self.block_m]],
+                            legend="marker: each layer's arithmetic intensity and roofline bound · solid line: "
+                                   "the roofline (bandwidth slope, compute roof) · dotted: the ridge point")
 
         def setting(self):
             return dict(phase=self.phase.value, L=2 ** self.logL.value, batch=2 ** self.logB.value,
@@ -145,7 +145,8 @@ def _explorer_class():
 
         def _redraw(self, change=None):
             self.block_m.disabled = self.phase.value == "decode"
-            png, costs = render_roofline_png(machine=self.machine, **self.setting())
+            png, costs = render_roofline_png(machine=self.machine, layout_key=self.layout_key,
+                                             **self.setting())
             self.image.value = png
             t = {k: c.time_bound(self.machine) for k, c in costs.items()}
             self.info.value = (
