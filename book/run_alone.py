@@ -87,6 +87,7 @@ def run_alone(chapter: Path, py: Path, work: Path, timeout: int = 1800) -> tuple
     nb.cells.append(nbformat.v4.new_code_cell(CHECK_CELL))
     nbformat.write(nb, folder / chapter.name)
     shutil.copy(ROOT / "book" / "conftest.py", harness / "conftest.py")
+    shutil.copy(ROOT / "book" / "portable_numerics.py", harness / "portable_numerics.py")  # conftest imports it
     shutil.copy(ROOT / "tests" / "nbval_sanitize.cfg", harness / "nbval_sanitize.cfg")
     t0 = time.perf_counter()
     run = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
