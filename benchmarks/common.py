@@ -95,6 +95,35 @@ def peak_memory_mb(fn, device: torch.device):
     return (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
 
 
+def cpu_peak_bytes(fn) -> int:
+    """Peak bytes allocated on the CPU while ``fn()`` runs, above what was allocated before.
+
+    Read from the profiler's allocation events (``torch.profiler`` with ``profile_memory=True``:
+    every allocation and free of PyTorch's CPU allocator, in time order). Run on the CPU, a
+    PyTorch program allocates and frees the same tensors in the same order as on a GPU (the
+    Triton interpreter works in the kernels' argument buffers and allocates nothing through
+    PyTorch), so this *predicts* ``peak_memory_mb`` of the same call on CUDA, up to the caching
+    allocator's rounding (to 512 B; 2 MiB segments for large blocks) and cuBLAS workspaces.
+    Reads ``experimental_event_tree`` of the profiler results (checked on torch 2.13).
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and str(node.extra_fields.device) == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
 def measured_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict:
     """The machine's measured dense GEMM throughput (8192^3 on CUDA; tiny fp32 on CPU)."""
     n = 8192 if device.type == "cuda" else 256
