@@ -19,8 +19,9 @@ with ``SiLU'(h) = sigma(h) (1 + h (1 - sigma(h)))``. Saved for backward: the inp
 one (N, D_v) tensor (eager autograd keeps three: ``h``, ``SiLU(h)`` and ``a``); the gate
 product ``a`` and ``SiLU(h)`` are recomputed. The backward never holds more than three (N, D_v)
 buffers (``h``, ``da``/``dh``/``a``, ``dgamma``) and never writes into a saved tensor, so a
-retained graph can be differentiated again and ``torch.compile`` sees no mutation. Element-wise
-traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
+retained graph can be differentiated again and ``torch.compile`` sees no mutation. Without
+autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager holds two at a time.
+Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
 :func:`tied_gated_mlp_step` is the entry point (autograd through ``torch.library`` custom ops).
 
 **v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward
@@ -317,20 +318,43 @@ def _(dy, u, V, gamma, h):
 
 def _step_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs, output[1])  # u, V, gamma and h = u V^T
+    # h is internal: no gradient flows into it, and none is materialised (a zero (N, D_v) tensor)
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _step_backward(ctx, dy, _dh):
+    if dy is None:  # (backward reached through h alone cannot happen: h never leaves this module)
+        return None, None, None
     return _step_bwd(dy, *ctx.saved_tensors)
 
 
 _step_fwd.register_autograd(_step_backward, setup_context=_step_setup)
 
 
+@custom_op("cemlib::tied_mlp_step_infer", mutates_args=())
+def _step_infer(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
+    with _on_device(u):
+        h = u @ V.T
+        return silu_gate(h, gamma.contiguous(), out=h) @ V  # a overwrites h: nothing to save
+
+
+@_step_infer.register_fake
+def _(u, V, gamma):
+    return u.new_empty(u.shape)
+
+
 def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
     """v2 of :func:`cemlib.kernels.reference.tied_gated_mlp_step` (same contract): returns
     ``(gamma * SiLU(u V^T)) V``; leading dimensions of ``u`` are flattened and ``gamma`` is
-    broadcast to them. Shapes are not validated here (:mod:`cemlib.kernels.dispatch` does)."""
+    broadcast to them. Without autograd (no input requires grad, or grad mode off) the gate
+    product overwrites ``h``, so the step holds one (N, D_v) buffer instead of two. Shapes are
+    not validated here (:mod:`cemlib.kernels.dispatch` does)."""
     lead, Dh, Dv = u.shape[:-1], u.shape[-1], V.shape[0]
     gamma = gamma.expand(*lead, Dv).reshape(-1, Dv)
-    y, _ = _step_fwd(u.reshape(-1, Dh), V, gamma)
+    u = u.reshape(-1, Dh)
+    if torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad):
+        y, _ = _step_fwd(u, V, gamma)
+    else:
+        y = _step_infer(u, V, gamma)
     return y.reshape(*lead, Dh)
