@@ -95,15 +95,17 @@ def peak_memory_mb(fn, device: torch.device):
     return (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
 
 
-def cpu_peak_bytes(fn) -> int:
-    """Peak bytes allocated on the CPU while ``fn()`` runs, above what was allocated before.
+def cpu_peak_bytes(fn) -> dict:
+    """Peak bytes allocated on the CPU while ``fn()`` runs, above what was allocated before:
+    ``{"peak": ..., "net": ...}`` (``net``: allocated and not freed by the end).
 
     Read from the profiler's allocation events (``torch.profiler`` with ``profile_memory=True``:
     every allocation and free of PyTorch's CPU allocator, in time order). Run on the CPU, a
-    PyTorch program allocates and frees the same tensors in the same order as on a GPU (the
-    Triton interpreter works in the kernels' argument buffers and allocates nothing through
-    PyTorch), so this *predicts* ``peak_memory_mb`` of the same call on CUDA, up to the caching
-    allocator's rounding (to 512 B; 2 MiB segments for large blocks) and cuBLAS workspaces.
+    PyTorch program allocates and frees the same tensors in the same order as on a GPU, so this
+    *predicts* ``peak_memory_mb`` of the same call on CUDA, up to the caching allocator's
+    rounding (512 B; large blocks in 2 MiB segments) and cuBLAS workspaces. Triton kernels must
+    not run under the interpreter inside ``fn``: the profiler then misses the frees of their
+    argument buffers (stand the launches in with no-ops; memory does not depend on values).
     Reads ``experimental_event_tree`` of the profiler results (checked on torch 2.13).
     """
     from torch._C._profiler import _EventType
@@ -121,7 +123,7 @@ def cpu_peak_bytes(fn) -> int:
     for _, nbytes in sorted(events):
         live += nbytes
         peak = max(peak, live)
-    return peak
+    return {"peak": peak, "net": live}
 
 
 def measured_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict:
@@ -145,17 +147,25 @@ def run_case(fn, device, rep, grad_to_none=None) -> dict:
         return {"error": "out of memory"}
 
 
-def write_json(payload: dict, name: str, args, device) -> str:
+def device_slug(device_name: str) -> str:
+    """The device name as it appears in result file names (``NVIDIA_H100_80GB_HBM3``)."""
+    return "".join(c if c.isalnum() else "_" for c in device_name).strip("_")
+
+
+def write_json(payload: dict, name: str, args, device, default_name: str | None = None,
+               mode: str | None = None) -> str:
+    """Write ``payload`` to ``args.out``, else (smoke runs) the temporary directory, else
+    ``results/<default_name>`` or ``results/<name>_<device>.json``; records the mode (``mode``,
+    else ``"cpu-smoke (not a result)"`` or ``"gpu"``) and the command."""
     if args.out:
         path = args.out
     elif args.cpu_smoke:
         path = os.path.join(tempfile.gettempdir(), f"cemlib_{name}_cpu_smoke.json")
     else:
-        slug = "".join(c if c.isalnum() else "_" for c in payload["env"]["device_name"]).strip("_")
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                            f"{name}_{slug}.json")
+                            default_name or f"{name}_{device_slug(payload['env']['device_name'])}.json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    payload["mode"] = "cpu-smoke (not a result)" if args.cpu_smoke else "gpu"
+    payload["mode"] = "cpu-smoke (not a result)" if args.cpu_smoke else (mode or "gpu")
     payload["command"] = " ".join(["python", os.path.join("benchmarks", os.path.basename(sys.argv[0]))]
                                   + sys.argv[1:])
     with open(path, "w") as f:

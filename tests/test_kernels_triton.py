@@ -340,6 +340,27 @@ def test_gated_mlp_v2_traces_under_torch_compile():
         assert rel_err(a, b) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_mlp_v2_without_autograd(dtype):
+    """No input requires grad, or grad mode off: the gate product overwrites h (another custom
+    op); same output as with autograd, the float64 reference's within the usual bounds."""
+    g = torch.Generator().manual_seed(9)
+    base = [torch.randn(3, 7, 20, generator=g, dtype=torch.float64),
+            torch.randn(50, 20, generator=g, dtype=torch.float64) / 20 ** 0.5,
+            torch.randn(3, 7, 50, generator=g, dtype=torch.float64)]
+    xs = [x.to(dtype).to(DEVICE) for x in base]
+    exact = reference.tied_gated_mlp_step(*base)
+    plain = gated_mlp_triton.tied_gated_mlp_step(*xs)
+    with torch.no_grad():
+        off = gated_mlp_triton.tied_gated_mlp_step(*[x.requires_grad_() for x in xs])
+    on = gated_mlp_triton.tied_gated_mlp_step(*xs)
+    assert not plain.requires_grad and not off.requires_grad and on.requires_grad
+    assert torch.equal(plain, off) and torch.equal(plain, on.detach())
+    bound = 1e-5 if dtype == torch.float32 else \
+        2 * rel_err(reference.tied_gated_mlp_step(*xs), exact.to(DEVICE)) + 1e-3
+    assert rel_err(plain, exact.to(DEVICE)) < bound
+
+
 def test_dispatch_sends_the_mlp_step_to_v2(monkeypatch):
     calls = []
     real = gated_mlp_triton.tied_gated_mlp_step
