@@ -44,6 +44,11 @@ from cemlib.models.memory import saved_activation_bytes  # noqa: E402
 
 GPU_WIDTHS, GPU_N, MULT, RANK = [768, 1024, 1536, 2048], 8 * 1024, 4, 16
 MEMORY_TARGET = 0.7  # issue: peak memory of the tied MLP step <= 0.7 x eager (forward+backward)
+#: (N, D_v) passes (one read or one write of an (N, D_v) tensor) of the element-wise work:
+#: eager SiLU (2) and product (3) forward; product backward (3 + 3) and SiLU backward (3).
+#: v2: gate kernel (3) forward; backward kernel (5) and the gate product recomputed (3).
+PASSES = {"eager": {"fwd": 5, "fwd_bwd": 14}, "v2": {"fwd": 3, "fwd_bwd": 11}}
+H100_BANDWIDTH = 3.35e12  # bytes/s, H100 SXM HBM3 (vendor figure)
 
 
 def step_methods(use_compile: bool, include=("v2", "v1", "eager", "compile")) -> dict:
@@ -170,6 +175,28 @@ def memory_prediction(N, widths, mult=MULT, methods=("eager", "v2")) -> list[dic
     return rows
 
 
+def time_model(h100_json) -> dict | None:
+    """A bandwidth model of v2's time, not a measurement: from the H100's eager times, take
+    away eager's element-wise passes at the HBM bandwidth (what is left is the GEMMs), add v2's.
+    Assumes both run their element-wise work at full bandwidth."""
+    if not os.path.exists(h100_json):
+        return None
+    with open(h100_json) as f:
+        eager = {(r["D_h"], r["mode"]): r for r in json.load(f)["results"]
+                 if r["op"] == "step" and r["method"] == "eager" and "median_ms" in r}
+    rows = []
+    for (Dh, mode), r in sorted(eager.items()):
+        pass_ms = 2 * r["N"] * r["D_v"] / H100_BANDWIDTH * 1e3  # bf16
+        gemm_ms = r["median_ms"] - PASSES["eager"][mode] * pass_ms
+        v2_ms = gemm_ms + PASSES["v2"][mode] * pass_ms
+        rows.append(dict(D_h=Dh, mode=mode, eager_ms_h100=r["median_ms"], pass_ms=pass_ms,
+                         gemm_ms=gemm_ms, gemm_tflops=r["flops"] / gemm_ms / 1e9,
+                         v2_ms_model=v2_ms, v2_over_eager_model=v2_ms / r["median_ms"]))
+    return {"note": "model, not a measurement: eager's H100 time minus eager's element-wise "
+                    "(N, D_v) passes at the HBM bandwidth, plus v2's",
+            "bandwidth_bytes_per_s": H100_BANDWIDTH, "passes": PASSES, "rows": rows}
+
+
 def memory_main(args):
     N, widths = (512, [16]) if args.cpu_smoke else (GPU_N, GPU_WIDTHS)
     rows = memory_prediction(N, widths)
@@ -191,6 +218,7 @@ def memory_main(args):
                                       cpu_predicted_bf16_mib=by[("eager", r["D_h"])][
                                           f"{r['mode']}_peak_bf16_mib"]))
     payload = {"benchmark": "mlp_memory_cpu", "env": common.environment(torch.device("cpu")),
+               "time_model": time_model(h100) if not args.cpu_smoke else None,
                "note": "peak allocated memory predicted on the CPU (float32, PyTorch's CPU "
                        "allocator); bf16 MiB = float32 bytes / 2; not a GPU measurement",
                "target_fwd_bwd_ratio": MEMORY_TARGET, "rows": rows,

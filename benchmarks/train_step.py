@@ -102,15 +102,18 @@ def model_configs(widths, Ts, *, vocab, context, layers, head_dim):
 
 
 def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline=None) -> list:
-    """One row per configuration (MFU against ``peak`` FLOP/s); configurations not started before
-    ``deadline`` (``time.monotonic()``) are recorded as skipped."""
-    rows = []
+    """One row per configuration (MFU against ``peak`` FLOP/s). With a ``deadline``
+    (``time.monotonic()``), a configuration is skipped (and recorded so) when the previous one's
+    wall time (building, compiling, timing) would end past it."""
+    rows, last = [], 0.0
     for name, cfg in configs:
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() + last > deadline:
             rows.append({"model": name, "skipped": "out of the stage's time budget"})
             print(f"{name:16s} skipped (time budget)", flush=True)
             continue
+        t0 = time.monotonic()
         row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters)}
+        last = row["wall_s"] = time.monotonic() - t0
         row["mfu"] = mfu(row["forward_flops_per_token"], row["tokens_per_s"], peak)
         rows.append(row)
         print(f"{name:16s} {1e3 * row['median_s']:8.2f} ms/step  {row['tokens_per_s']:10.0f} tok/s  "
