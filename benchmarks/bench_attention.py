@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -156,17 +155,10 @@ def measure(Ts, B, H, d, De, dtype, device, rep, peak_tflops, names=METHODS, dea
             fwd = fwd_flops + (4 * B * T * T * De * 0.5 if name.startswith("cem_diag") else 0)
             calls, leaves = fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])
             for mode, flops in (("fwd", fwd), ("fwd_bwd", 3.5 * fwd)):
-                if deadline is not None and time.monotonic() > deadline:
-                    r = {"skipped": "out of the stage's time budget"}
-                else:
-                    r = common.run_case(calls[mode], device, rep, grad_to_none=leaves)
-                if "median_ms" in r:
-                    r["tflops"] = flops / (r["median_ms"] * 1e-3) / 1e12
-                    if peak_tflops:
-                        r["fraction_of_peak"] = r["tflops"] / peak_tflops
+                r = common.timed_case(calls[mode], device, rep, leaves, flops, peak_tflops,
+                                      deadline)
                 r.update(method=name, mode=mode, B=B, H=H, T=T, d=d, dtype=str(dtype),
-                         causal=True, flops=flops,
-                         extra_width=De if name.startswith("cem_diag") else 0)
+                         causal=True, extra_width=De if name.startswith("cem_diag") else 0)
                 results.append(r)
                 print(name, mode, T, r.get("median_ms"), r.get("peak_mem_mb"),
                       r.get("error", r.get("skipped", "")), flush=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -111,16 +110,10 @@ def measure(N, widths, dtype, device, rep, peak_tflops, methods, dplr=None, mult
         for op, name, fn, args, fwd_flops in cases:
             fns, leaves = calls(fn, args, dy)
             for mode, flops in (("fwd", fwd_flops), ("fwd_bwd", 3 * fwd_flops)):
-                if deadline is not None and time.monotonic() > deadline:
-                    r = {"skipped": "out of the stage's time budget"}
-                else:
-                    r = common.run_case(fns[mode], device, rep, grad_to_none=leaves)
-                if "median_ms" in r:
-                    r["tflops"] = flops / (r["median_ms"] * 1e-3) / 1e12
-                    if peak_tflops:
-                        r["fraction_of_peak"] = r["tflops"] / peak_tflops
+                r = common.timed_case(fns[mode], device, rep, leaves, flops, peak_tflops,
+                                      deadline)
                 r.update(op=op, method=name, mode=mode, N=N, D_h=Dh, D_v=Dv, R=R,
-                         dtype=str(dtype), flops=flops)
+                         dtype=str(dtype))
                 results.append(r)
                 print(op, name, mode, Dh, r.get("median_ms"), r.get("peak_mem_mb"),
                       r.get("error", r.get("skipped", "")), flush=True)

@@ -152,6 +152,20 @@ def device_slug(device_name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in device_name).strip("_")
 
 
+def timed_case(fn, device, rep, leaves, flops, peak_tflops=None, deadline=None) -> dict:
+    """:func:`run_case` with the throughput of ``flops`` (and its fraction of ``peak_tflops``),
+    or a ``skipped`` record once ``deadline`` (``time.monotonic()``) has passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        return {"skipped": "out of the stage's time budget", "flops": flops}
+    r = run_case(fn, device, rep, grad_to_none=leaves)
+    if "median_ms" in r:
+        r["tflops"] = flops / (r["median_ms"] * 1e-3) / 1e12
+        if peak_tflops:
+            r["fraction_of_peak"] = r["tflops"] / peak_tflops
+    r["flops"] = flops
+    return r
+
+
 def write_json(payload: dict, name: str, args, device, default_name: str | None = None,
                mode: str | None = None) -> str:
     """Write ``payload`` to ``args.out``, else (smoke runs) the temporary directory, else
