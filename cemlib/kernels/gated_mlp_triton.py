@@ -324,7 +324,7 @@ def _step_setup(ctx, inputs, output):
 
 
 def _step_backward(ctx, dy, _dh):
-    if dy is None:  # (backward reached through h alone cannot happen: h never leaves this module)
+    if dy is None:  # grads are not materialised: y received none (h never leaves this module)
         return None, None, None
     return _step_bwd(dy, *ctx.saved_tensors)
 
