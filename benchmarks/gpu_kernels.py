@@ -9,11 +9,11 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     gradient: CEM attention v1 and v2 (ALiBi, self/cross biases; and the default layer's call
     with the shared diagonal), the tied MLP step v2 and v1; and whether a CEM attention and MLP
     layer's forward+backward makes a synchronising CUDA call (``torch.cuda.set_sync_debug_mode``).
-``autotune`` (90)
+``autotune`` (100)
     ``triton.testing.do_bench`` sweeps: every ``triton.autotune`` of the attention v2 module, run
     at each T of the timing table (the configurations' timings as Triton measured them), and the
-    MLP element-wise kernels over ``BLOCK`` x ``num_warps`` (with a ``copy_`` of the same bytes
-    for the bandwidth reference).
+    MLP element-wise kernels over ``BLOCK`` x ``num_warps`` (15 configurations, with a ``copy_``
+    of the same bytes for the bandwidth reference).
 ``attention`` (110)
     the timing table (``bench_attention.measure``): SDPA untied and with k = v, CEM v1 and v2, and
     the default layer's call through v1 and v2, at T = 512...4096 (B = 8, H = 12, d = 64, bf16,
@@ -78,7 +78,7 @@ import train_step  # noqa: E402
 from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
 
 STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
-BUDGET_S = {"correctness": 70, "autotune": 90, "attention": 110, "profile": 40, "mlp": 60,
+BUDGET_S = {"correctness": 70, "autotune": 100, "attention": 110, "profile": 40, "mlp": 60,
             "train": 180}
 TOTAL_S = 570
 MLP_TIME_TARGET, MLP_MEMORY_TARGET = 1.0, bench_mlp.MEMORY_TARGET
@@ -92,8 +92,8 @@ SETTINGS = {
         check_attention=[(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)],
         check_diag=[(2, 4, 200, 64)], check_mlp=[(37, 96, 200), (512, 768, 2048)],
         profile_Ts=[512, 1024], profile_iters=10,
-        sweep_n=8192 * 3072, sweep_blocks=(512, 1024, 2048, 4096, 8192),
-        sweep_warps=(1, 2, 4, 8, 16),
+        sweep_n=8192 * 3072, sweep_blocks=(512, 1024, 2048, 4096), sweep_warps=(1, 2, 4, 8),
+        sweep_rep=25,
         mlp=dict(N=bench_mlp.GPU_N, widths=bench_mlp.GPU_WIDTHS),
         train=dict(widths=[768], Ts=[1, 2], layers=6, context=256, head_dim=64, batch=64,
                    warmup=3, iters=20, compile=True)),
@@ -103,7 +103,7 @@ SETTINGS = {
         methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_diag_v1"),
         check_attention=[(1, 2, 13, 16)], check_diag=[(1, 2, 9, 16)], check_mlp=[(5, 12, 40)],
         profile_Ts=[16], profile_iters=2,
-        sweep_n=4096, sweep_blocks=(1024, 4096), sweep_warps=(4,),
+        sweep_n=4096, sweep_blocks=(1024, 4096), sweep_warps=(4,), sweep_rep=2,
         mlp=dict(N=32, widths=[16]),
         train=dict(widths=[32], Ts=[1, 2], layers=1, context=16, head_dim=16, batch=2,
                    warmup=1, iters=2, compile=False)),
@@ -291,7 +291,7 @@ def mlp_elementwise_sweep(s, device, deadline) -> dict:
     h, gamma, da, a = (torch.randn(n, device=device, dtype=dtype) for _ in range(4))
     src, dst = torch.empty(3 * n, device=device, dtype=dtype), torch.empty(3 * n, device=device,
                                                                          dtype=dtype)
-    copy_ms = common.bench(lambda: dst.copy_(src), device, s["rep"])["median_ms"]
+    copy_ms = common.bench(lambda: dst.copy_(src), device, s["sweep_rep"])["median_ms"]
     bytes_copy = 2 * 3 * n * dtype.itemsize
     rows = []
     for block in s["sweep_blocks"]:
@@ -309,7 +309,7 @@ def mlp_elementwise_sweep(s, device, deadline) -> dict:
                 if time.monotonic() > deadline:
                     rows.append(dict(kernel=kernel, **cfg, skipped="out of the stage's budget"))
                     continue
-                ms = common.bench(fn, device, s["rep"])["median_ms"]
+                ms = common.bench(fn, device, s["sweep_rep"])["median_ms"]
                 rows.append(dict(kernel=kernel, **cfg, elements_per_thread=per_thread,
                                  median_ms=ms, gb_per_s=nbytes / ms / 1e6,
                                  default=cfg == gated_mlp_triton.ELEMENTWISE))
