@@ -1,18 +1,22 @@
-"""Benchmark: CEM tied attention (Triton) against SDPA, FlexAttention+ALiBi and the eager reference.
+"""Benchmark: CEM tied attention (Triton v1 and v2) against SDPA, FlexAttention+ALiBi and the eager
+reference.
 
 GPU mode (the issue's setting): B=8, H=12, d=64, causal, bf16, T in {512, 1024, 2048, 4096};
-forward and forward+backward. Compared:
+forward and forward+backward. Methods (:data:`METHODS`; the CEM entry points are looked up in
+:data:`IMPLEMENTATIONS`, and one that cannot be imported is reported "not available"):
 
-- ``cem_triton``: :func:`cemlib.kernels.ops.tied_attention` with ALiBi and self/cross biases,
-  tied ``kv`` (gradients for q, kv and the biases);
 - ``sdpa_untied``: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``, untied k, v;
-- ``flex_alibi``: compiled FlexAttention with an ALiBi ``score_mod`` and a causal block mask
-  (untied k, v);
-- ``cem_reference``: the eager :func:`cemlib.kernels.reference.tied_attention`;
-- ``cem_diag_triton`` / ``cem_diag_reference``: the call the default CEM layer makes (shared
-  diagonal of eq. 12: an extra query/key pair of width D_e = H d shared by the heads, with the
-  head-summed diagonal value path), i.e. the "logits" path of
-  :func:`cemlib.kernels.dispatch.extra_path`, against the eager reference.
+- ``sdpa_tied``: the same with ``k = v`` (one tensor: the tying CEM has, in SDPA);
+- ``cem_v1`` / ``cem_v2``: the CEM tied attention kernels (ALiBi and self/cross biases, tied
+  ``kv``; gradients for q, kv and the biases); ``cem_reference``: the eager reference;
+- ``cem_diag_v1`` / ``cem_diag_v2`` / ``cem_diag_reference``: the call the default CEM layer
+  makes (shared diagonal of eq. 12: an extra query/key pair of width D_e = H d shared by the
+  heads, with the head-summed diagonal value path);
+- ``flex_alibi`` (CUDA only): compiled FlexAttention with an ALiBi ``score_mod`` and a causal block
+  mask (untied k, v).
+
+The first H100 file (``results/attention_NVIDIA_H100_80GB_HBM3.json``) calls v1 ``cem_triton`` and
+its default-layer call ``cem_diag_triton``.
 
 FLOPs counted as 4 B H T^2 d x 0.5 (causal) for the forward and x 3.5 for forward+backward
 (FlashAttention convention), plus 4 B T^2 D_e x 0.5 (x 3.5) for the shared extra pair;
@@ -23,6 +27,7 @@ Usage: ``python benchmarks/bench_attention.py`` (GPU) or ``... --cpu-smoke`` (ch
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -34,7 +39,29 @@ CUDA = common.setup_cpu_interpreter()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from cemlib.kernels import ops, reference  # noqa: E402
+from cemlib.kernels import reference  # noqa: E402
+
+#: The CEM tied-attention entry points (module, function), each with the contract of
+#: :func:`cemlib.kernels.reference.tied_attention`: ``fn(q, kv, *, scale, alibi, self_bias,
+#: cross_bias, q_extra, k_extra, extra_values, extra_head_sum) -> (o, lse[, o_extra])``.
+IMPLEMENTATIONS = {
+    "v1": ("cemlib.kernels.ops", "tied_attention"),
+    "v2": ("cemlib.kernels.tied_attention_v2", "tied_attention"),
+    "reference": ("cemlib.kernels.reference", "tied_attention"),
+}
+METHODS = ("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_reference", "cem_diag_v1",
+           "cem_diag_v2", "cem_diag_reference", "flex_alibi")
+
+
+def implementation(name: str):
+    """``(function or None, record)``: the CEM entry point ``name`` of :data:`IMPLEMENTATIONS`,
+    and where it came from, or why it is not available."""
+    module, attr = IMPLEMENTATIONS[name]
+    where = {"implementation": name, "function": f"{module}.{attr}"}
+    try:
+        return getattr(importlib.import_module(module), attr), {**where, "available": True}
+    except (ImportError, AttributeError) as err:
+        return None, {**where, "available": False, "error": f"{type(err).__name__}: {err}"}
 
 
 def flex_alibi_fn(slopes, T, device):
@@ -51,6 +78,109 @@ def flex_alibi_fn(slopes, T, device):
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=mask)
 
 
+def attention_inputs(B, H, T, d, De, dtype, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, kv, k, v = (torch.randn(B, H, T, d, generator=g, device=device, dtype=dtype)
+                   for _ in range(4))
+    qe, ke = (0.1 * torch.randn(B, T, De, generator=g, device=device, dtype=dtype)
+              for _ in range(2))
+    sb = torch.zeros(H, device=device, dtype=torch.float32)
+    cb = torch.zeros(H, device=device, dtype=torch.float32)
+    do = torch.randn(B, H, T, d, generator=g, device=device, dtype=dtype)
+    doe = torch.randn(B, T, De, generator=g, device=device, dtype=dtype)
+    return dict(q=q, kv=kv, k=k, v=v, qe=qe, ke=ke, sb=sb, cb=cb, do=do, doe=doe)
+
+
+def method(name, x, scale, slopes, T, device):
+    """``(fn, inputs, record)`` of one method on the inputs ``x``; ``fn`` is None (and the record
+    says why) where the method is not available."""
+    if name == "sdpa_untied":
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                scale=scale),
+                [x["q"], x["k"], x["v"]], {"available": True})
+    if name == "sdpa_tied":
+        return (lambda q, kv: F.scaled_dot_product_attention(q, kv, kv, is_causal=True,
+                                                             scale=scale),
+                [x["q"], x["kv"]], {"available": True})
+    if name == "flex_alibi":
+        if device.type != "cuda":
+            return None, [], {"available": False, "error": "FlexAttention is timed on CUDA only"}
+        return flex_alibi_fn(slopes, T, device), [x["q"], x["k"], x["v"]], {"available": True}
+    diag = name.startswith("cem_diag_")
+    fn, record = implementation(name[len("cem_diag_" if diag else "cem_"):])
+    if fn is None:
+        return None, [], record
+    if diag:  # (o, head-summed o_extra)
+        return (lambda q, kv, qe, ke: fn(q, kv, scale=scale, alibi=slopes, q_extra=qe, k_extra=ke,
+                                         extra_values=True, extra_head_sum=True)[::2],
+                [x["q"], x["kv"], x["qe"], x["ke"]], record)
+    return (lambda q, kv, sb, cb: fn(q, kv, scale=scale, alibi=slopes, self_bias=sb,
+                                     cross_bias=cb)[0],
+            [x["q"], x["kv"], x["sb"], x["cb"]], record)
+
+
+def fwd_and_fwd_bwd(fn, inputs, do, doe):
+    """``{"fwd": no-grad call, "fwd_bwd": call + backward}`` and the leaves of the second."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+
+    def fwd():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def fwd_bwd():
+        out = fn(*leaves)
+        if isinstance(out, tuple):  # (o, o_extra)
+            torch.autograd.backward(out, (do, doe))
+        else:
+            out.backward(do)
+
+    return {"fwd": fwd, "fwd_bwd": fwd_bwd}, leaves
+
+
+def measure(Ts, B, H, d, De, dtype, device, rep, peak_tflops, names=METHODS, deadline=None):
+    """Time (and peak memory) of every available method at every T; returns ``(results,
+    availability)``. Cases not reached before ``deadline`` (``time.monotonic()``) are recorded as
+    skipped."""
+    slopes = reference.alibi_slopes(H).to(device=device, dtype=torch.float32)
+    scale = d ** -0.5
+    results, availability = [], {}
+    for T in Ts:
+        x = attention_inputs(B, H, T, d, De, dtype, device)
+        fwd_flops = 4 * B * H * T * T * d * 0.5
+        for name in names:
+            fn, inputs, record = method(name, x, scale, slopes, T, device)
+            availability[name] = record
+            if fn is None:
+                continue
+            fwd = fwd_flops + (4 * B * T * T * De * 0.5 if name.startswith("cem_diag") else 0)
+            calls, leaves = fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])
+            for mode, flops in (("fwd", fwd), ("fwd_bwd", 3.5 * fwd)):
+                r = common.timed_case(calls[mode], device, rep, leaves, flops, peak_tflops,
+                                      deadline)
+                r.update(method=name, mode=mode, B=B, H=H, T=T, d=d, dtype=str(dtype),
+                         causal=True, extra_width=De if name.startswith("cem_diag") else 0)
+                results.append(r)
+                print(name, mode, T, r.get("median_ms"), r.get("peak_mem_mb"),
+                      r.get("error", r.get("skipped", "")), flush=True)
+    return results, availability
+
+
+def time_ratios(results, pairs=(("cem_v2", "sdpa_untied"), ("cem_v1", "sdpa_untied"),
+                                ("cem_v2", "sdpa_tied"), ("cem_v2", "cem_v1"),
+                                ("cem_diag_v2", "cem_diag_v1"),
+                                ("cem_diag_v1", "cem_diag_reference"))) -> dict:
+    """``{"T<T>_<mode>_<a>_over_<b>": time a / time b}`` for the pairs both measured."""
+    ratios = {}
+    for T in sorted({r["T"] for r in results}):
+        for mode in ("fwd", "fwd_bwd"):
+            t = {r["method"]: r.get("median_ms") for r in results
+                 if r["T"] == T and r["mode"] == mode}
+            for a, b in pairs:
+                if t.get(a) and t.get(b):
+                    ratios[f"T{T}_{mode}_{a}_over_{b}"] = t[a] / t[b]
+    return ratios
+
+
 def main():
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     device = torch.device("cuda" if CUDA and not args.cpu_smoke else "cpu")
@@ -63,72 +193,10 @@ def main():
         De = H * d
     env = common.environment(device)
     peak = common.measured_peak_tflops(device)
-    slopes = reference.alibi_slopes(H).to(device=device, dtype=torch.float32)
-    results = []
-    for T in Ts:
-        g = torch.Generator(device=device).manual_seed(0)
-        q, kv, k, v = (torch.randn(B, H, T, d, generator=g, device=device, dtype=dtype)
-                       for _ in range(4))
-        qe, ke = (0.1 * torch.randn(B, T, De, generator=g, device=device, dtype=dtype)
-                  for _ in range(2))
-        sb = torch.zeros(H, device=device, dtype=torch.float32)
-        cb = torch.zeros(H, device=device, dtype=torch.float32)
-        scale = d ** -0.5
-        methods = {
-            "cem_triton": (lambda q, kv, sb, cb: ops.tied_attention(
-                q, kv, scale=scale, alibi=slopes, self_bias=sb, cross_bias=cb)[0], [q, kv, sb, cb]),
-            "cem_reference": (lambda q, kv, sb, cb: reference.tied_attention(
-                q, kv, scale=scale, alibi=slopes, self_bias=sb, cross_bias=cb)[0], [q, kv, sb, cb]),
-            "sdpa_untied": (lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale), [q, k, v]),
-        }
-        for impl, mod in (("triton", ops), ("reference", reference)):
-            methods[f"cem_diag_{impl}"] = (
-                lambda q, kv, qe, ke, mod=mod: mod.tied_attention(
-                    q, kv, scale=scale, alibi=slopes, q_extra=qe, k_extra=ke, extra_values=True,
-                    extra_head_sum=True)[::2], [q, kv, qe, ke])  # (o, head-summed o_extra)
-        if device.type == "cuda":
-            flex = flex_alibi_fn(slopes, T, device)
-            methods["flex_alibi"] = (flex, [q, k, v])
-        fwd_flops = 4 * B * H * T * T * d * 0.5
-        for name, (fn, inputs) in methods.items():
-            fwd = fwd_flops + (4 * B * T * T * De * 0.5 if name.startswith("cem_diag") else 0)
-            leaves = [x.detach().clone().requires_grad_() for x in inputs]
-            do = torch.randn(B, H, T, d, device=device, dtype=dtype)
-            doe = torch.randn(B, T, De, device=device, dtype=dtype)
-            for mode, flops in (("fwd", fwd), ("fwd_bwd", 3.5 * fwd)):
-                if mode == "fwd":
-                    def call(fn=fn, inputs=inputs):
-                        with torch.no_grad():
-                            fn(*inputs)
-                else:
-                    def call(fn=fn, leaves=leaves, do=do, doe=doe):
-                        out = fn(*leaves)
-                        if isinstance(out, tuple):  # (o, o_extra)
-                            torch.autograd.backward(out, (do, doe))
-                        else:
-                            out.backward(do)
-                r = common.run_case(call, device, args.rep, grad_to_none=leaves)
-                if "median_ms" in r:
-                    r["tflops"] = flops / (r["median_ms"] * 1e-3) / 1e12
-                    r["fraction_of_peak"] = r["tflops"] / peak["tflops"]
-                r.update(method=name, mode=mode, B=B, H=H, T=T, d=d, dtype=str(dtype),
-                         causal=True, flops=flops,
-                         extra_width=De if name.startswith("cem_diag") else 0)
-                results.append(r)
-                print({k: r[k] for k in ("method", "mode", "T") }, r.get("median_ms"),
-                      r.get("peak_mem_mb"), r.get("error", ""))
-    ratios = {}
-    for T in Ts:
-        for mode in ("fwd", "fwd_bwd"):
-            t = {r["method"]: r.get("median_ms") for r in results if r["T"] == T and r["mode"] == mode}
-            if t.get("cem_triton") and t.get("sdpa_untied"):
-                ratios[f"T{T}_{mode}_cem_over_sdpa"] = t["cem_triton"] / t["sdpa_untied"]
-            if t.get("cem_diag_triton") and t.get("cem_diag_reference"):
-                ratios[f"T{T}_{mode}_cem_diag_triton_over_reference"] = (
-                    t["cem_diag_triton"] / t["cem_diag_reference"])
+    results, availability = measure(Ts, B, H, d, De, dtype, device, args.rep, peak["tflops"])
     common.write_json({"benchmark": "attention", "env": env, "peak_gemm": peak,
-                       "results": results, "time_ratios": ratios}, "attention", args, device)
+                       "implementations": availability, "results": results,
+                       "time_ratios": time_ratios(results)}, "attention", args, device)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,37 @@ def peak_memory_mb(fn, device: torch.device):
     return (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
 
 
+def cpu_peak_bytes(fn) -> dict:
+    """Peak bytes allocated on the CPU while ``fn()`` runs, above what was allocated before:
+    ``{"peak": ..., "net": ...}`` (``net``: allocated and not freed by the end).
+
+    Read from the profiler's allocation events (``torch.profiler`` with ``profile_memory=True``:
+    every allocation and free of PyTorch's CPU allocator, in time order). Run on the CPU, a
+    PyTorch program allocates and frees the same tensors in the same order as on a GPU, so this
+    *predicts* ``peak_memory_mb`` of the same call on CUDA, up to the caching allocator's
+    rounding (512 B; large blocks in 2 MiB segments) and cuBLAS workspaces. Triton kernels must
+    not run under the interpreter inside ``fn``: the profiler then misses the frees of their
+    argument buffers (stand the launches in with no-ops; memory does not depend on values).
+    Reads ``experimental_event_tree`` of the profiler results (checked on torch 2.13).
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and str(node.extra_fields.device) == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return {"peak": peak, "net": live}
+
+
 def measured_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict:
     """The machine's measured dense GEMM throughput (8192^3 on CUDA; tiny fp32 on CPU)."""
     n = 8192 if device.type == "cuda" else 256
@@ -116,17 +147,39 @@ def run_case(fn, device, rep, grad_to_none=None) -> dict:
         return {"error": "out of memory"}
 
 
-def write_json(payload: dict, name: str, args, device) -> str:
+def device_slug(device_name: str) -> str:
+    """The device name as it appears in result file names (``NVIDIA_H100_80GB_HBM3``)."""
+    return "".join(c if c.isalnum() else "_" for c in device_name).strip("_")
+
+
+def timed_case(fn, device, rep, leaves, flops, peak_tflops=None, deadline=None) -> dict:
+    """:func:`run_case` with the throughput of ``flops`` (and its fraction of ``peak_tflops``),
+    or a ``skipped`` record once ``deadline`` (``time.monotonic()``) has passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        return {"skipped": "out of the stage's time budget", "flops": flops}
+    r = run_case(fn, device, rep, grad_to_none=leaves)
+    if "median_ms" in r:
+        r["tflops"] = flops / (r["median_ms"] * 1e-3) / 1e12
+        if peak_tflops:
+            r["fraction_of_peak"] = r["tflops"] / peak_tflops
+    r["flops"] = flops
+    return r
+
+
+def write_json(payload: dict, name: str, args, device, default_name: str | None = None,
+               mode: str | None = None) -> str:
+    """Write ``payload`` to ``args.out``, else (smoke runs) the temporary directory, else
+    ``results/<default_name>`` or ``results/<name>_<device>.json``; records the mode (``mode``,
+    else ``"cpu-smoke (not a result)"`` or ``"gpu"``) and the command."""
     if args.out:
         path = args.out
     elif args.cpu_smoke:
         path = os.path.join(tempfile.gettempdir(), f"cemlib_{name}_cpu_smoke.json")
     else:
-        slug = "".join(c if c.isalnum() else "_" for c in payload["env"]["device_name"]).strip("_")
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                            f"{name}_{slug}.json")
+                            default_name or f"{name}_{device_slug(payload['env']['device_name'])}.json")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    payload["mode"] = "cpu-smoke (not a result)" if args.cpu_smoke else "gpu"
+    payload["mode"] = "cpu-smoke (not a result)" if args.cpu_smoke else (mode or "gpu")
     payload["command"] = " ".join(["python", os.path.join("benchmarks", os.path.basename(sys.argv[0]))]
                                   + sys.argv[1:])
     with open(path, "w") as f:

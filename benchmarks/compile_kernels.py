@@ -12,8 +12,8 @@ It catches what the interpreter cannot: a kernel that does not compile for the G
 spills registers to local memory. Nothing here is timed, and nothing here is a GPU measurement:
 these are facts about the compiled code. Cases: tied attention without an extra pair, with a
 narrow one in the register tiles, and with the default CEM layer's wide shared diagonal (the
-shared-logits path), forward and backward; the tied gated-MLP step forward and backward; the
-DPLR preconditioner; in bf16, fp16 and fp32.
+shared-logits path), forward and backward; the tied gated-MLP step forward and backward (v1) and
+the v2 step's two element-wise kernels; the DPLR preconditioner; in bf16, fp16 and fp32.
 
 Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--out FILE]``
 (``--quick``: bf16 only). Relies on Triton internals (``JITFunction.run(warmup=True)``,
@@ -118,6 +118,49 @@ def mlp_case(dtype):
     gm.dplr_apply(u, torch.randn(768, dtype=dtype), *torch.randn(2, 768, 16, dtype=dtype))
 
 
+# ---------------------------------------------------------------- tied gated MLP v2
+
+def mlp_v2_case(dtype):
+    """The v2 gated-MLP step's two element-wise kernels (its GEMMs are cuBLAS calls)."""
+    h, gamma, da = torch.randn(3, 64, 3072, dtype=dtype)
+    gm.silu_gate(h, gamma)
+    gm.silu_gate_backward(h, gamma, da)
+
+
+def mlp_v2_elementwise(archs, dtypes) -> list[dict]:
+    """What makes the v2 element-wise kernels bandwidth-bound, read from their SASS: the width of
+    every global load and store (``LDG.E.128``: 16 bytes per thread per access) and the
+    instructions per element (a thread owns BLOCK / (32 num_warps) entries)."""
+    rows = []
+    for arch in archs:
+        for dtype in dtypes:
+            sink = []
+            with compile_only(arch, sink):
+                mlp_v2_case(dtype)
+            for name, kw, kernel in sink:
+                with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                    f.write(kernel.asm["cubin"])
+                try:
+                    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name],
+                                          capture_output=True, text=True, check=True).stdout
+                finally:
+                    os.unlink(f.name)
+                ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?"
+                                                        r"([A-Z][A-Z0-9_.]*)", sass)
+                       if m.group(1) != "NOP"]
+                per_thread = kw["BLOCK"] // (32 * kernel.metadata.num_warps)
+                rows.append(dict(arch=f"sm_{arch}", dtype=str(dtype).replace("torch.", ""),
+                                 kernel=name, block=kw["BLOCK"],
+                                 num_warps=kernel.metadata.num_warps,
+                                 elements_per_thread=per_thread,
+                                 global_accesses=sorted(o for o in ops
+                                                        if o.startswith(("LDG", "STG"))),
+                                 instructions=len(ops),  # NOPs (alignment padding) left out
+                                 instructions_per_element=round(len(ops) / per_thread, 1),
+                                 **resource_usage(kernel.asm["cubin"])))
+    return rows
+
+
 def cases(dtypes):
     for dtype in dtypes:
         name = str(dtype).replace("torch.", "")
@@ -128,6 +171,7 @@ def cases(dtypes):
         yield f"attention d=64 shared-logits De=768 {name}", \
             lambda d=dtype: attention_case(d, 64, 768, True)
         yield f"gated MLP 768x3072 + DPLR R=16 {name}", lambda d=dtype: mlp_case(d)
+        yield f"gated MLP v2 element-wise 64x3072 {name}", lambda d=dtype: mlp_v2_case(d)
 
 
 def resource_usage(cubin: bytes) -> dict:
@@ -207,6 +251,7 @@ def main(argv=None):
                                         for r in records if not r["fits_shared"]],
                      total_compile_s=round(time.perf_counter() - t0, 1)),
         records=records)
+    payload["mlp_v2_elementwise"] = mlp_v2_elementwise(args.arch, dtypes)
     out = args.out or os.path.join(HERE, "results", "compile_kernels.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:

@@ -1,13 +1,19 @@
-"""Training-step time and tokens/s of cemlib's Llama and full-CEM language models at a few widths.
+"""Training-step time, tokens/s and MFU of cemlib's Llama and full-CEM language models, measured
+the same way.
 
 One step = forward + backward + AdamW update on a batch of random token ids (the timing does not
-depend on the data). On CUDA the step runs under bf16 autocast (optionally ``torch.compile``) at
+depend on the data). Every model is built from the same :class:`cemlib.models.lm.LMConfig`
+defaults (``check_finite`` on: since the finite checks never look at values on a GPU nor under
+``torch.compile``, no model synchronises or breaks its graph for them), timed by the same loop,
+and, with ``--compile``, compiled the same way; the number of ``torch.compile`` graph breaks of
+each model is recorded (``torch._dynamo`` counters). On CUDA the step runs under bf16 autocast at
 mid-size widths; on CPU in float32 at small widths. Reports the median and 10/90 % quantiles of
 the step time, tokens/s, forward FLOPs per token (``cemlib.models.params.flops_per_token``), MFU
-against a stated or measured bf16 peak, and peak GPU memory, and writes them as JSON::
+against a stated or measured bf16 peak, peak GPU memory, and each CEM model's tokens/s over
+Llama's at the same width next to the issue's targets (T = 1: >= 0.9, T = 2: >= 0.55)::
 
-    python benchmarks/train_step.py --out bench_cpu.json                  # CPU, small
-    python benchmarks/train_step.py --device cuda --compile --measure-peak --out bench_gpu.json
+    python benchmarks/train_step.py --out bench_cpu.json                   # CPU, small
+    python benchmarks/train_step.py --device cuda --compile --measure-peak --T 1 2 --out bench_gpu.json
 """
 
 from __future__ import annotations
@@ -25,18 +31,32 @@ import torch.nn.functional as F
 
 from cemlib.models.lm import LanguageModel, LMConfig
 from cemlib.models.params import flops_per_token
+from cemlib.train.config import OptimConfig
 from cemlib.train.flops import measure_peak_flops, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer
-from cemlib.train.config import OptimConfig
 from cemlib.train.results import environment_info, git_commit
 from cemlib.utils import default_device
+
+#: CEM tokens/s over Llama's at the same width (issue "GPU kernels v2", on one H100)
+TARGETS = {1: 0.9, 2: 0.55}
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+    return sum(counters["graph_break"].values())
 
 
 def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compile_: bool,
               warmup: int, iters: int) -> dict:
+    """Time ``warmup + iters`` training steps of ``LanguageModel(cfg)``; the median and quantiles
+    of the last ``iters``."""
     torch.manual_seed(0)
     model = LanguageModel(cfg).to(device)
     opt = make_optimizer(model, OptimConfig())
+    if compile_:
+        torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+        counters.clear()
     step_model = torch.compile(model) if compile_ else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
@@ -60,10 +80,59 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
     med = statistics.median(times)
     return {"attn": cfg.attn, "mlp": cfg.mlp, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads, "context_length": cfg.context_length, "batch": batch,
-            "T_attn": cfg.T_attn, "T_mlp": cfg.T_mlp, "params": model.num_parameters(),
+            "T_attn": cfg.T_attn, "T_mlp": cfg.T_mlp, "check_finite": cfg.check_finite,
+            "params": model.num_parameters(),
             "median_s": med, "p10_s": q[0], "p90_s": q[-1], "tokens_per_s": batch * cfg.context_length / med,
             "forward_flops_per_token": flops_per_token(cfg),
+            "graph_breaks": _graph_breaks() if compile_ else None,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+
+
+def model_configs(widths, Ts, *, vocab, context, layers, head_dim):
+    """``[(name, LMConfig)]``: per width Llama, then CEM at each recursion depth T."""
+    out = []
+    for d in widths:
+        shape = dict(vocab_size=vocab, context_length=context, d_model=d, n_layers=layers,
+                      n_heads=max(1, d // head_dim))
+        out.append((f"llama d={d}", LMConfig(**shape, attn="llama", mlp="llama")))
+        for T in Ts:
+            out.append((f"cem T={T} d={d}", LMConfig(**shape, attn="cem", mlp="cem", T_attn=T,
+                                                      T_mlp=T)))
+    return out
+
+
+def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline=None) -> list:
+    """One row per configuration (MFU against ``peak`` FLOP/s). With a ``deadline``
+    (``time.monotonic()``), a configuration is skipped (and recorded so) when the previous one's
+    wall time (building, compiling, timing) would end past it."""
+    rows, last = [], 0.0
+    for name, cfg in configs:
+        if deadline is not None and time.monotonic() + last > deadline:
+            rows.append({"model": name, "skipped": "out of the stage's time budget"})
+            print(f"{name:16s} skipped (time budget)", flush=True)
+            continue
+        t0 = time.monotonic()
+        row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters)}
+        last = row["wall_s"] = time.monotonic() - t0
+        row["mfu"] = mfu(row["forward_flops_per_token"], row["tokens_per_s"], peak)
+        rows.append(row)
+        print(f"{name:16s} {1e3 * row['median_s']:8.2f} ms/step  {row['tokens_per_s']:10.0f} tok/s  "
+              f"MFU {row['mfu'] if row['mfu'] is None else round(row['mfu'], 3)}  "
+              f"graph breaks {row['graph_breaks']}", flush=True)
+    return rows
+
+
+def ratios_to_llama(rows) -> list[dict]:
+    """Each CEM row's tokens/s over Llama's at the same width, with the target for its T."""
+    llama = {r["d_model"]: r for r in rows if r.get("attn") == "llama"}
+    out = []
+    for r in rows:
+        if r.get("attn") == "cem" and r["d_model"] in llama:
+            ratio = r["tokens_per_s"] / llama[r["d_model"]]["tokens_per_s"]
+            target = TARGETS.get(r["T_attn"])
+            out.append({"d_model": r["d_model"], "T": r["T_attn"], "cem_over_llama": ratio,
+                        "target": target, "met": None if target is None else ratio >= target})
+    return out
 
 
 def main(argv=None) -> int:
@@ -75,7 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=None, help="default: CPU 64, GPU 256")
     p.add_argument("--batch", type=int, default=None, help="default: CPU 16, GPU 64")
     p.add_argument("--vocab", type=int, default=65, help="vocabulary size (65: char-level Shakespeare)")
-    p.add_argument("--T", type=int, default=1, help="CEM recursion steps (attention and MLP)")
+    p.add_argument("--T", type=int, nargs="+", default=[1],
+                   help="CEM recursion steps (attention and MLP), one CEM model per value")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--compile", action="store_true", help="torch.compile (CUDA only)")
@@ -85,9 +155,10 @@ def main(argv=None) -> int:
     device = default_device(a.device)
     gpu = device.type == "cuda"
     widths = a.widths or ([384, 768, 1024] if gpu else [64, 128])
-    layers = a.layers or (6 if gpu else 2)
-    head_dim = a.head_dim or (64 if gpu else 16)
-    context, batch = a.context or (256 if gpu else 64), a.batch or (64 if gpu else 16)
+    configs = model_configs(widths, a.T, vocab=a.vocab, context=a.context or (256 if gpu else 64),
+                            layers=a.layers or (6 if gpu else 2),
+                            head_dim=a.head_dim or (64 if gpu else 16))
+    batch = a.batch or (64 if gpu else 16)
     dev_info, versions = environment_info(device)
     peak, peak_source = None, "none (CPU)"
     if gpu:
@@ -95,23 +166,13 @@ def main(argv=None) -> int:
             peak, peak_source = measure_peak_flops(device), "measured bf16 8192^3 matmul"
         elif stated_peak_tflops(dev_info["name"]) is not None:
             peak, peak_source = stated_peak_tflops(dev_info["name"]) * 1e12, "vendor dense bf16 table"
-    rows = []
-    for d in widths:
-        for arch in ("llama", "cem"):
-            T = a.T if arch == "cem" else 1
-            cfg = LMConfig(vocab_size=a.vocab, context_length=context, d_model=d, n_layers=layers,
-                           n_heads=max(1, d // head_dim), attn=arch, mlp=arch, T_attn=T, T_mlp=T)
-            row = bench_one(cfg, batch, device, gpu, a.compile and gpu, a.warmup, a.iters)
-            row["mfu"] = mfu(row["forward_flops_per_token"], row["tokens_per_s"], peak)
-            rows.append(row)
-            print(f"{arch:5s} d={d:5d}  {1e3 * row['median_s']:8.2f} ms/step  "
-                  f"{row['tokens_per_s']:10.0f} tok/s  MFU {row['mfu'] if row['mfu'] is None else round(row['mfu'], 3)}",
-                  flush=True)
-    out = {"schema": "cemlib.benchmarks.train_step/1", "device": dev_info, "versions": versions,
+    rows = run(configs, batch=batch, device=device, bf16=gpu, compile_=a.compile and gpu,
+               warmup=a.warmup, iters=a.iters, peak=peak)
+    out = {"schema": "cemlib.benchmarks.train_step/2", "device": dev_info, "versions": versions,
            "git_commit": git_commit(), "dtype": "bf16-autocast" if gpu else "float32",
            "compile": a.compile and gpu, "peak_flops": peak, "peak_source": peak_source,
            "command": "python benchmarks/train_step.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-           "rows": rows}
+           "rows": rows, "cem_over_llama": ratios_to_llama(rows)}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     return 0

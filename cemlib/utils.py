@@ -8,8 +8,8 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "check_tensor", "check_positive_int", "resolve_head_dim",
-           "split_heads", "merge_heads"]
+__all__ = ["seed_everything", "default_device", "check_tensor", "finite_check_is_free",
+           "check_positive_int", "resolve_head_dim", "split_heads", "merge_heads"]
 
 
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -56,6 +56,16 @@ def check_tensor(x: torch.Tensor, name: str, ndim: int | None = None, last_dim: 
         bad = (~torch.isfinite(x)).sum().item()
         raise ValueError(f"{name} contains {bad} NaN/Inf value(s) (shape {tuple(x.shape)})")
     return x
+
+
+def finite_check_is_free(x: torch.Tensor) -> bool:
+    """Whether a NaN/Inf check of ``x`` costs no host synchronisation and no ``torch.compile``
+    graph break: ``x`` is a CPU tensor and the code runs eagerly (not traced by
+    ``torch.compile``). On a GPU the check's ``bool`` waits for every queued kernel, once per
+    call; in a compiled graph it is data-dependent control flow that splits the graph. Layers
+    with ``check_finite`` check only where it is free; elsewhere the trainer's per-step check of
+    the loss and gradient norm (one synchronisation it makes anyway) catches NaN/Inf."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def check_positive_int(value, name: str) -> int:

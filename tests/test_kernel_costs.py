@@ -173,6 +173,20 @@ def test_gated_step_peak_memory_model_matches_the_stored_h100_run():
         assert model == pytest.approx(r["peak_mem_mb"], abs=1.0), r   # allocator rounding
 
 
+def test_gated_step_v2_peak_memory_model_matches_the_cpu_prediction():
+    """The v2 step's model against its peak measured on the CPU at the GPU benchmark's shapes
+    (benchmarks/bench_mlp.py --memory-cpu, which reproduces the H100's eager peaks exactly)."""
+    data = _stored("mlp_memory_cpu.json")
+    rows = [r for r in data["rows"] if r["method"] in ("v2", "eager")]
+    assert len(rows) == 8
+    for r in rows:
+        model = C.gated_step_peak_bytes(r["N"], r["D_h"], r["D_v"], impl=r["method"]) / 2**20
+        assert model == pytest.approx(r["fwd_bwd_peak_bf16_mib"], abs=1e-9), r
+        if r["method"] == "v2":
+            eager = C.gated_step_peak_bytes(r["N"], r["D_h"], r["D_v"], impl="eager")
+            assert model * 2**20 / eager <= 0.7  # the issue's target
+
+
 def test_peak_models_limits():
     assert C.tied_attention_peak_bytes(1, 1, 8, 4, mode="fwd") == 8 * 4 * 2 + 8 * 4
     with pytest.raises(ValueError, match="impl"):

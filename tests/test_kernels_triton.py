@@ -33,7 +33,7 @@ if not CUDA and not STALE_TRITON:
 triton = pytest.importorskip("triton")
 
 from cemlib.kernels import dispatch, ops, reference  # noqa: E402
-from cemlib.kernels import tied_attention_triton  # noqa: E402
+from cemlib.kernels import gated_mlp_triton, tied_attention_triton  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -242,12 +242,19 @@ def test_head_sums_of_probabilities_and_score_gradients():
     assert rel_err(run.head_sum(lse, do, dpb, delta), s_leaf.grad.sum(1)) < 1e-12
 
 
-MLP_CASES = [(1, 5, 12, 40), (2, 7, 33, 17), (1, 1, 16, 64)]  # leading dims (a, b), D_h, D_v
+# leading dims (a, b), D_h, D_v; (2, 7, 33, 90): N D_v = 1260 entries, two element-wise programs
+MLP_CASES = [(1, 5, 12, 40), (2, 7, 33, 17), (1, 1, 16, 64), (2, 7, 33, 90), (1, 1, 1, 1)]
+# v1: Triton GEMMs with the element-wise work in their epilogues; v2 (what dispatch uses): cuBLAS
+# GEMMs and two fused element-wise kernels
+MLP_STEPS = {"v1": ops.tied_gated_mlp_step, "v2": gated_mlp_triton.tied_gated_mlp_step}
 
 
+@pytest.mark.parametrize("impl", list(MLP_STEPS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", MLP_CASES)
-def test_gated_mlp_step_matches_reference(case, dtype):
+def test_gated_mlp_step_matches_reference(case, dtype, impl):
+    """Output and every gradient against the float64 reference: fp32 to 1e-5 relative, fp16
+    within the FlashAttention criterion (at most twice the fp16 reference's error + 1e-3)."""
     a, b, Dh, Dv = case
     g = torch.Generator().manual_seed(3)
     base = [torch.randn(a, b, Dh, generator=g, dtype=torch.float64),
@@ -255,7 +262,7 @@ def test_gated_mlp_step_matches_reference(case, dtype):
             torch.randn(a, b, Dv, generator=g, dtype=torch.float64)]
     cot = torch.randn(a, b, Dh, generator=g, dtype=torch.float64)
     results = {}
-    for key, fn, dt in (("got", ops.tied_gated_mlp_step, dtype),
+    for key, fn, dt in (("got", MLP_STEPS[impl], dtype),
                         ("ref", reference.tied_gated_mlp_step, dtype),
                         ("exact", reference.tied_gated_mlp_step, torch.float64)):
         xs = [x.to(dt).to(DEVICE).requires_grad_() for x in base]
@@ -263,37 +270,67 @@ def test_gated_mlp_step_matches_reference(case, dtype):
         (y.double() * cot.to(DEVICE)).sum().backward()
         results[key] = [y] + [x.grad for x in xs]
     for i, (a_, r, e) in enumerate(zip(results["got"], results["ref"], results["exact"])):
-        assert a_.dtype == dtype
+        assert a_.dtype == dtype and a_.shape == e.shape
         if dtype == torch.float32:
-            assert rel_err(a_, r) < 1e-5, i
+            assert rel_err(a_, e) < 1e-5, i
         else:
             assert rel_err(a_, e) <= 2 * rel_err(r, e) + 1e-3, i
 
 
-def test_gated_mlp_step_gradcheck_float64():
+@pytest.mark.parametrize("impl", list(MLP_STEPS))
+def test_gated_mlp_step_gradcheck_float64(impl):
     g = torch.Generator().manual_seed(4)
     xs = [torch.randn(3, 5, generator=g, dtype=torch.float64, device="cpu").to(DEVICE),
           torch.randn(6, 5, generator=g, dtype=torch.float64).to(DEVICE),
           torch.randn(3, 6, generator=g, dtype=torch.float64).to(DEVICE)]
     xs = [x.requires_grad_() for x in xs]
-    assert torch.autograd.gradcheck(ops.tied_gated_mlp_step, xs, fast_mode=True)
+    assert torch.autograd.gradcheck(MLP_STEPS[impl], xs, fast_mode=True)
 
 
-def test_gated_mlp_step_saves_only_its_inputs():
-    """Peak memory: nothing of shape (N, D_v) is kept for backward (the gate is recomputed)."""
-    u = torch.randn(9, 12, device=DEVICE, requires_grad=True)
-    V = torch.randn(40, 12, device=DEVICE, requires_grad=True)
-    gamma = torch.randn(9, 40, device=DEVICE, requires_grad=True)
+def _saved_shapes(fn, *xs):
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t,
                                                   lambda t: t):
-        ops.tied_gated_mlp_step(u, V, gamma)
-    assert sorted(saved) == sorted([(9, 12), (40, 12), (9, 40)])  # u, V, gamma only
-    saved.clear()
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t,
-                                                  lambda t: t):
-        reference.tied_gated_mlp_step(u, V, gamma)
-    assert saved.count((9, 40)) >= 3  # eager keeps u V^T, SiLU(u V^T) and the gate product
+        fn(*xs)
+    return sorted(saved)
+
+
+def test_gated_mlp_step_saves_little_for_backward():
+    """Activation memory: v1 keeps only its inputs for backward, v2 also h = u V^T (one (N, D_v)
+    tensor); eager autograd keeps three (N, D_v) intermediates besides gamma."""
+    u = torch.randn(9, 12, device=DEVICE, requires_grad=True)
+    V = torch.randn(40, 12, device=DEVICE, requires_grad=True)
+    gamma = torch.randn(9, 40, device=DEVICE, requires_grad=True)
+    inputs = [(9, 12), (40, 12), (9, 40)]
+    assert _saved_shapes(ops.tied_gated_mlp_step, u, V, gamma) == sorted(inputs)
+    assert _saved_shapes(gated_mlp_triton.tied_gated_mlp_step, u, V, gamma) == \
+        sorted(inputs + [(9, 40)])
+    assert _saved_shapes(reference.tied_gated_mlp_step, u, V, gamma).count((9, 40)) >= 3
+
+
+def test_gated_mlp_v2_backward_leaves_saved_tensors_intact():
+    """The v2 backward reuses its own buffers only: a retained graph differentiates again to the
+    same gradients (a backward writing into the saved h would change the second result)."""
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(*s, generator=g).to(DEVICE).requires_grad_() for s in ((4, 6, 10), (24, 10),
+                                                                             (4, 6, 24))]
+    y = gated_mlp_triton.tied_gated_mlp_step(*xs)
+    first = torch.autograd.grad(y.square().sum(), xs, retain_graph=True)
+    second = torch.autograd.grad(y.square().sum(), xs)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_dispatch_sends_the_mlp_step_to_v2(monkeypatch):
+    calls = []
+    real = gated_mlp_triton.tied_gated_mlp_step
+    monkeypatch.setattr(gated_mlp_triton, "tied_gated_mlp_step",
+                        lambda *a: calls.append(1) or real(*a))
+    u, V, gamma = torch.randn(3, 8, device=DEVICE), torch.randn(5, 8, device=DEVICE), \
+        torch.randn(3, 5, device=DEVICE)
+    with dispatch.use_backend("triton"):
+        y = dispatch.tied_gated_mlp_step(u, V, gamma)
+    assert calls == [1] and rel_err(y, reference.tied_gated_mlp_step(u, V, gamma)) < 1e-6
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -358,8 +395,9 @@ def test_custom_ops_trace_under_torch_compile():
         ow, lw, oew = ops.tied_attention(q, kv, scale=0.5, q_extra=qw, k_extra=kw,
                                          extra_values=True, extra_head_sum=True)
         y = ops.tied_gated_mlp_step(u, V, gamma)
+        y2 = gated_mlp_triton.tied_gated_mlp_step(u, V, gamma)  # v2: forward and backward ops
         return (-lse.sum() / 0.5 + o.square().sum() + oe.square().sum() + ow.square().sum()
-                + lw.sum() + oew.square().sum() + y.square().sum())
+                + lw.sum() + oew.square().sum() + y.square().sum() + y2.pow(3).sum())
 
     mlp = [torch.randn(2, 3, 6), torch.randn(10, 6), torch.randn(2, 3, 10)]
     xs = ([inp["q"], inp["kv"], inp["q_extra"], inp["k_extra"], wide["q_extra"], wide["k_extra"]]
@@ -432,9 +470,10 @@ def test_interpreter_refuses_bfloat16():
     x = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="bfloat16 is not supported under TRITON_INTERPRET"):
         ops.tied_attention(x, x, scale=1.0)
-    with pytest.raises(TypeError, match="bfloat16"):
-        ops.tied_gated_mlp_step(x[0, 0], torch.randn(3, 8, dtype=torch.bfloat16),
-                                torch.randn(4, 3, dtype=torch.bfloat16))
+    for step in MLP_STEPS.values():
+        with pytest.raises(TypeError, match="bfloat16"):
+            step(x[0, 0], torch.randn(3, 8, dtype=torch.bfloat16),
+                 torch.randn(4, 3, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="bfloat16"):
         ops.dplr_precondition(x[0, 0], *(torch.randn(8, dtype=torch.bfloat16),
                                          torch.randn(8, 2, dtype=torch.bfloat16),

@@ -23,8 +23,8 @@ models and the stored benchmark files count alike):
 Peak-memory models (:func:`tied_attention_peak_bytes`, :func:`gated_step_peak_bytes`) follow the
 allocation order of cemlib's implementation as it was benchmarked (the fp32 temporaries of
 ``Delta`` in :func:`cemlib.kernels.tied_attention_triton.attention_backward`; the three
-``(N, D_v)`` tensors of :func:`cemlib.kernels.gated_mlp_triton.gate_backward`) and of eager
-autograd; they describe that code, not attention or MLPs in general.
+``(N, D_v)`` tensors of :func:`cemlib.kernels.gated_mlp_triton.gate_backward`, v1, and of the v2
+step) and of eager autograd; they describe that code, not attention or MLPs in general.
 """
 
 from __future__ import annotations
@@ -233,15 +233,20 @@ def gated_step_peak_bytes(N: int, D_h: int, D_v: int, *, impl: str, elem_bytes: 
     """Peak memory (bytes above the inputs ``u, V, gamma`` and ``dy``) of one forward+backward of
     the tied gated-MLP step ``y = V^T (gamma * SiLU(V u))``.
 
-    ``impl="fused"`` (cemlib's kernels): the forward keeps only ``y``; the backward kernel writes
+    ``impl="fused"`` (cemlib's v1 kernels): the forward keeps only ``y``; the backward kernel writes
     ``a = gamma * SiLU(h)``, ``dgamma`` and ``dh`` (three ``N x D_v``), then ``du = dh V`` and
     ``dV = a^T dy + dh^T u`` (two ``D_v x D_h`` products and their sum).
+    ``impl="v2"`` (:func:`cemlib.kernels.gated_mlp_triton.tied_gated_mlp_step`): the forward keeps
+    ``h = u V^T`` and ``y``; the backward adds ``da`` (which becomes ``dh``, then ``a``) and
+    ``dgamma``, then ``du`` and ``dV`` (accumulated in place).
     ``impl="eager"`` (autograd): the forward keeps ``h = u V^T``, ``SiLU(h)`` and their product
     ``a`` for the backward, plus ``y``; the backward adds ``da`` and ``dV``, then ``dgamma`` and
     ``d SiLU`` before the forward's tensors are released."""
     _positive(N=N, D_h=D_h, D_v=D_v, elem_bytes=elem_bytes)
     if impl == "fused":
         elems = 2 * N * D_h + 3 * N * D_v + 3 * D_v * D_h
+    elif impl == "v2":
+        elems = 2 * N * D_h + 3 * N * D_v + D_v * D_h
     elif impl == "eager":
         elems = N * D_h + 5 * N * D_v + D_v * D_h
     else:

@@ -174,7 +174,10 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
 
 
 def tied_gated_mlp_step(u, V, gamma):
-    """``V^T (gamma * SiLU(V u))``; see :func:`cemlib.kernels.reference.tied_gated_mlp_step`."""
+    """``V^T (gamma * SiLU(V u))``; see :func:`cemlib.kernels.reference.tied_gated_mlp_step`.
+    The kernel path is v2, :func:`cemlib.kernels.gated_mlp_triton.tied_gated_mlp_step` (cuBLAS
+    GEMMs, fused element-wise work); v1 stays callable as
+    :func:`cemlib.kernels.ops.tied_gated_mlp_step`."""
     if u.dim() < 1 or V.dim() != 2 or V.shape[1] != u.shape[-1]:
         raise ValueError(f"V must have shape (D_v, {u.shape[-1] if u.dim() else '?'}) "
                          f"matching u (..., D_h), got V {_shape(V)} and u {_shape(u)}")
@@ -188,7 +191,8 @@ def tied_gated_mlp_step(u, V, gamma):
     if not (u.dtype == V.dtype == gamma.dtype):
         raise ValueError(f"u, V, gamma must share a dtype, got {u.dtype}, {V.dtype}, {gamma.dtype}")
     if _use_triton(u, u.dtype in _AUTO_DTYPES and gamma.shape[:-1] == u.shape[:-1]):
-        return _ops().tied_gated_mlp_step(u, V, gamma)
+        from cemlib.kernels import gated_mlp_triton  # v2: cuBLAS GEMMs + fused element-wise work
+        return gated_mlp_triton.tied_gated_mlp_step(u, V, gamma)
     return reference.tied_gated_mlp_step(u, V, gamma)
 
 

@@ -4,8 +4,29 @@ Tied gated-MLP step (CEM [arXiv] eq. 10 = [ICLR] eq. 10 with phi' = SiLU, tied a
 
     y = V^T (gamma * SiLU(V u)),   u (N, D_h), V (D_v, D_h), gamma (N, D_v)
 
-The forward kernel computes the gate product ``a = gamma * SiLU(u V^T)`` in the epilogue of the
-``u V^T`` tile product, so neither ``h = u V^T`` nor ``SiLU(h)`` is ever written to memory; ``a``
+**v2 (what :mod:`cemlib.kernels.dispatch` uses), Liger-Kernel style.** The four matrix
+products of a training step stay cuBLAS GEMMs (``torch.matmul``); Triton fuses only the
+element-wise work, one read of each operand and one write of each result:
+
+    forward:   h = u V^T (GEMM),  a = gamma * SiLU(h) (``_silu_gate_kernel``),  y = a V (GEMM)
+    backward:  da = dy V^T (GEMM)
+               dgamma = da * SiLU(h),  dh = da * gamma * SiLU'(h)   (``_silu_gate_bwd_kernel``,
+                                                                     dh overwrites da)
+               du = dh V,  dV = dh^T u (GEMMs)
+               a = gamma * SiLU(h) recomputed into the same buffer, dV += a^T dy (GEMM)
+
+with ``SiLU'(h) = sigma(h) (1 + h (1 - sigma(h)))``. Saved for backward: the inputs and ``h``,
+one (N, D_v) tensor (eager autograd keeps three: ``h``, ``SiLU(h)`` and ``a``); the gate
+product ``a`` and ``SiLU(h)`` are recomputed. The backward never holds more than three (N, D_v)
+buffers (``h``, ``da``/``dh``/``a``, ``dgamma``) and never writes into a saved tensor, so a
+retained graph can be differentiated again and ``torch.compile`` sees no mutation. Without
+autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager holds two at a time.
+Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
+:func:`tied_gated_mlp_step` is the entry point (autograd through ``torch.library`` custom ops).
+
+**v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward
+kernel computes the gate product ``a = gamma * SiLU(u V^T)`` in the epilogue of the ``u V^T``
+tile product, so neither ``h = u V^T`` nor ``SiLU(h)`` is ever written to memory; ``a``
 is consumed at once by ``y = a V`` and freed. Nothing but the inputs is saved for backward: the
 backward kernel recomputes ``h`` while it computes ``da = dy V^T`` from the *same* ``V`` tiles
 (V plays both the inner and the outer role), and emits in its epilogue
@@ -13,13 +34,15 @@ backward kernel recomputes ``h`` while it computes ``da = dy V^T`` from the *sam
     dgamma = da * SiLU(h),   dh = da * gamma * SiLU'(h),   a = gamma * SiLU(h)
 
 after which ``du = dh V`` and ``dV = a^T dy + dh^T u`` (V's outer and inner roles) are two GEMMs.
+On the H100 it was 1.2-1.7x slower than eager (``benchmarks/RESULTS_H100.md``): its Triton GEMMs
+lose to cuBLAS, which is why v2 leaves the products to cuBLAS.
 
 RMSNorm is not fused into these kernels. At T = 1 (the default) the layer normalises ``h`` once
 and uses ``hn`` both for ``gamma = W hn`` (a cuBLAS GEMM) and as the step-0 query
 (:class:`cemlib.layers.cem_mlp.CEMMLP` reuses it; tested), so there is no separate query norm
 left to fuse. At T >= 2 each further step normalises ``x^(t)``: a memory-bound pass over (N, D_h)
-and one saved activation that a prologue fusion into ``_gate_kernel`` could remove. Whether that
-pays has not been measured on a GPU, so it is not done.
+and one saved activation, (N, D_h) being D_v / D_h times smaller than the passes fused here.
+Whether fusing it pays has not been measured on a GPU, so it is not done.
 
 Preconditioner (CEM eq. 13): ``P g = softplus(d) * g + U (V^T g) + V (U^T g)`` for rows g, with
 ``U, V`` of shape (D_h, R). One program per row block: a first pass over D_h reduces
@@ -34,10 +57,13 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+from torch.library import custom_op
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-__all__ = ["gate_forward", "gate_backward", "dplr_apply", "INTERPRET"]
+__all__ = ["tied_gated_mlp_step", "silu_gate", "silu_gate_backward", "ELEMENTWISE",
+           "gate_forward", "gate_backward", "dplr_apply", "INTERPRET"]
 
 
 @triton.jit
@@ -179,3 +205,156 @@ def dplr_apply(g, d, U, V):
     _dplr_kernel[(triton.cdiv(N, blocks["BLOCK_M"]),)](g, d, U, V, out, N, Dh, R,
                                                        ACC=_acc(g.dtype), **blocks)
     return out
+
+
+# ---------------------------------------------------------------- v2: cuBLAS GEMMs, fused element-wise work
+
+#: Launch configuration of the two element-wise kernels: ``BLOCK`` entries per program (8 per
+#: thread at 4 warps: one 16-byte load per operand in bf16/fp16). Chosen, not timed: the GPU
+#: script (``benchmarks/gpu_kernels.py``, stage ``autotune``) times the alternatives.
+ELEMENTWISE = dict(BLOCK=1024, num_warps=4)
+
+
+@triton.jit
+def _silu_gate_kernel(H, G, A, n, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """``a = gamma * SiLU(h)`` over ``n`` contiguous entries (computed in ``ACC``)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    h = tl.load(H + offs, mask=ok, other=0.0).to(ACC)
+    gamma = tl.load(G + offs, mask=ok, other=0.0).to(ACC)
+    sig = 1.0 / (1.0 + tl.exp(-h))
+    tl.store(A + offs, (gamma * (h * sig)).to(A.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _silu_gate_bwd_kernel(H, G, DA, DG, n, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """From ``da``: ``dgamma = da * SiLU(h)`` into ``DG`` and ``dh = da * gamma * SiLU'(h)``
+    into ``DA`` (in place; each program reads its ``da`` entries before it writes them)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    h = tl.load(H + offs, mask=ok, other=0.0).to(ACC)
+    gamma = tl.load(G + offs, mask=ok, other=0.0).to(ACC)
+    da = tl.load(DA + offs, mask=ok, other=0.0).to(ACC)
+    sig = 1.0 / (1.0 + tl.exp(-h))
+    tl.store(DG + offs, (da * (h * sig)).to(DG.dtype.element_ty), mask=ok)
+    tl.store(DA + offs, (da * gamma * (sig * (1.0 + h * (1.0 - sig)))).to(DA.dtype.element_ty),
+             mask=ok)
+
+
+def _elementwise(kernel, n, *args, dtype, config=None):
+    """Launch an element-wise kernel over ``n`` entries with ``config`` (default
+    :data:`ELEMENTWISE`); ``num_warps`` is left out under the interpreter."""
+    config = dict(ELEMENTWISE if config is None else config)
+    if n == 0:
+        return
+    if INTERPRET:
+        config.pop("num_warps", None)
+    kernel[(triton.cdiv(n, config["BLOCK"]),)](*args, n, ACC=_acc(dtype), **config)
+
+
+def _check_same(*ts):
+    for t in ts:
+        if t.shape != ts[0].shape or t.dtype != ts[0].dtype or not t.is_contiguous():
+            raise ValueError(f"element-wise operands must be contiguous, of one shape and dtype; "
+                             f"got {[(tuple(x.shape), x.dtype, x.is_contiguous()) for x in ts]}")
+
+
+def silu_gate(h: Tensor, gamma: Tensor, out: Tensor | None = None, config=None) -> Tensor:
+    """``gamma * SiLU(h)`` for contiguous tensors of one shape, written into ``out`` (may be a
+    fresh tensor or an operand-sized buffer to reuse)."""
+    _check_interpreter_dtype(h)
+    out = torch.empty_like(h) if out is None else out
+    _check_same(h, gamma, out)
+    _elementwise(_silu_gate_kernel, h.numel(), h, gamma, out, dtype=h.dtype, config=config)
+    return out
+
+
+def silu_gate_backward(h: Tensor, gamma: Tensor, da: Tensor, config=None) -> Tensor:
+    """Returns ``dgamma = da * SiLU(h)`` and overwrites ``da`` with ``dh = da * gamma * SiLU'(h)``."""
+    _check_interpreter_dtype(h)
+    dgamma = torch.empty_like(h)
+    _check_same(h, gamma, da, dgamma)
+    _elementwise(_silu_gate_bwd_kernel, h.numel(), h, gamma, da, dgamma, dtype=h.dtype,
+                 config=config)
+    return dgamma
+
+
+def _on_device(t: Tensor):
+    from cemlib.kernels.ops import _on_device as on_device  # Triton launches on the current GPU
+    return on_device(t)
+
+
+@custom_op("cemlib::tied_mlp_step_fwd", mutates_args=())
+def _step_fwd(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
+    with _on_device(u):
+        h = u @ V.T
+        y = silu_gate(h, gamma.contiguous()) @ V
+    return y, h
+
+
+@_step_fwd.register_fake
+def _(u, V, gamma):
+    return u.new_empty(u.shape), u.new_empty((u.shape[0], V.shape[0]))
+
+
+@custom_op("cemlib::tied_mlp_step_bwd", mutates_args=())
+def _step_bwd(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor,
+              h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    gamma = gamma.contiguous()
+    with _on_device(u):
+        d = dy @ V.T                                # da; becomes dh, then a
+        dgamma = silu_gate_backward(h, gamma, d)
+        du = d @ V
+        dV = d.T @ u
+        silu_gate(h, gamma, out=d)                  # a = gamma * SiLU(h), recomputed
+        dV.addmm_(d.T, dy)
+    return du, dV, dgamma
+
+
+@_step_bwd.register_fake
+def _(dy, u, V, gamma, h):
+    return u.new_empty(u.shape), V.new_empty(V.shape), gamma.new_empty(gamma.shape)
+
+
+def _step_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, output[1])  # u, V, gamma and h = u V^T
+    # h is internal: no gradient flows into it, and none is materialised (a zero (N, D_v) tensor)
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _step_backward(ctx, dy, _dh):
+    if dy is None:  # grads are not materialised: y received none (h never leaves this module)
+        return None, None, None
+    return _step_bwd(dy, *ctx.saved_tensors)
+
+
+_step_fwd.register_autograd(_step_backward, setup_context=_step_setup)
+
+
+@custom_op("cemlib::tied_mlp_step_infer", mutates_args=())
+def _step_infer(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
+    with _on_device(u):
+        h = u @ V.T
+        return silu_gate(h, gamma.contiguous(), out=h) @ V  # a overwrites h: nothing to save
+
+
+@_step_infer.register_fake
+def _(u, V, gamma):
+    return u.new_empty(u.shape)
+
+
+def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
+    """v2 of :func:`cemlib.kernels.reference.tied_gated_mlp_step` (same contract): returns
+    ``(gamma * SiLU(u V^T)) V``; leading dimensions of ``u`` are flattened and ``gamma`` is
+    broadcast to them. Without autograd (no input requires grad, or grad mode off) the gate
+    product overwrites ``h``, so the step holds one (N, D_v) buffer instead of two. Shapes are
+    not validated here (:mod:`cemlib.kernels.dispatch` does)."""
+    lead, Dh, Dv = u.shape[:-1], u.shape[-1], V.shape[0]
+    gamma = gamma.expand(*lead, Dv).reshape(-1, Dv)
+    u = u.reshape(-1, Dh)
+    if torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad):
+        y, _ = _step_fwd(u, V, gamma)
+    else:
+        y = _step_infer(u, V, gamma)
+    return y.reshape(*lead, Dh)

@@ -45,7 +45,8 @@ from cemlib.kernels.reference import alibi_slopes, refresh_alibi_buffer
 from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
-from cemlib.utils import check_positive_int, check_tensor, merge_heads, resolve_head_dim, split_heads
+from cemlib.utils import (check_positive_int, check_tensor, finite_check_is_free, merge_heads,
+                          resolve_head_dim, split_heads)
 
 __all__ = ["CEMAttention", "resolve_tau"]
 
@@ -132,7 +133,8 @@ class CEMAttention(EnergyLayer):
 
     # -- pieces ------------------------------------------------------------------------------
     def _check(self, x: torch.Tensor, name: str) -> None:
-        check_tensor(x, name, ndim=3, last_dim=self.d_model, finite=self.check_finite)
+        check_tensor(x, name, ndim=3, last_dim=self.d_model,
+                     finite=self.check_finite and finite_check_is_free(x))
 
     def _heads(self, W: torch.Tensor) -> torch.Tensor:
         return W.view(self.n_heads, self.head_dim, self.d_model)

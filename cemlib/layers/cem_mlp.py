@@ -29,7 +29,7 @@ from cemlib.kernels import dispatch
 from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
-from cemlib.utils import check_positive_int, check_tensor
+from cemlib.utils import check_positive_int, check_tensor, finite_check_is_free
 
 __all__ = ["CEMMLP"]
 
@@ -66,7 +66,11 @@ class CEMMLP(EnergyLayer):
         self.P = Preconditioner(d_model, preconditioner, precond_rank, safeguard=precond_safeguard)
 
     def _check(self, x: torch.Tensor, name: str) -> None:
-        check_tensor(x, name, last_dim=self.d_model, finite=self.check_finite)
+        """Rank and width; with ``check_finite``, NaN/Inf too where that check is free (CPU
+        tensors, eager mode: :func:`cemlib.utils.finite_check_is_free`), so that it never
+        synchronises a GPU nor breaks a ``torch.compile`` graph."""
+        check_tensor(x, name, last_dim=self.d_model,
+                     finite=self.check_finite and finite_check_is_free(x))
         if x.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., D_h), got {tuple(x.shape)}")
 

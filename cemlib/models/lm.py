@@ -44,8 +44,10 @@ class LMConfig:
     (see their docstrings) or select the Llama positional encoding (``pos``). ``dropout`` acts on
     the embeddings and on every sublayer's update (Llama: the residual branch; CEM: ``x^(T) - x``),
     so the CEM layers themselves stay exact; ``check_finite`` makes layers reject NaN/Inf input
-    (one device sync per layer; the trainer may turn it off); the cheap token-id range check
-    stays on either way. Step sizes ``eta_*`` must be finite and >= 0, ``norm_eps`` >= 0.
+    where the check is free (CPU tensors, eager mode: :func:`cemlib.utils.finite_check_is_free`;
+    on a GPU or under ``torch.compile`` the trainer's per-step loss and gradient-norm check
+    catches NaN/Inf); the cheap token-id range check stays on either way (eager mode only).
+    Step sizes ``eta_*`` must be finite and >= 0, ``norm_eps`` >= 0.
     """
     vocab_size: int
     context_length: int
@@ -193,7 +195,7 @@ class LanguageModel(nn.Module):
                              f"{cfg.context_length}")
         # the token-id range check stays on with check_finite=False (it is cheap; only skipped
         # while torch.compile traces the model, where it would break the graph)
-        if idx.numel() and (cfg.check_finite or not torch.compiler.is_compiling()) \
+        if idx.numel() and not torch.compiler.is_compiling() \
                 and (idx.min() < 0 or idx.max() >= cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {cfg.vocab_size}), got range "
                              f"[{int(idx.min())}, {int(idx.max())}]")

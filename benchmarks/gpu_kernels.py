@@ -1,0 +1,530 @@
+"""Every GPU measurement of the kernels issue in one call (under 10 minutes on one H100), stage by
+stage, each stage's JSON written as soon as the stage ends.
+
+Stages, in order (``--stage`` picks some), each with a time budget in seconds (``--budget``):
+
+``correctness`` (70)
+    bf16 and fp16 against the float64 reference with the FlashAttention criterion (a result's
+    error at most twice the same-dtype PyTorch reference's, plus a floor), output and every
+    gradient: CEM attention v1 and v2 (ALiBi, self/cross biases; and the default layer's call
+    with the shared diagonal), the tied MLP step v2 and v1; and whether a CEM attention and MLP
+    layer's forward+backward makes a synchronising CUDA call (``torch.cuda.set_sync_debug_mode``).
+``autotune`` (100)
+    ``triton.testing.do_bench`` sweeps: every ``triton.autotune`` of the attention v2 module, run
+    at each T of the timing table (the configurations' timings as Triton measured them), and the
+    MLP element-wise kernels over ``BLOCK`` x ``num_warps`` (15 configurations, with a ``copy_``
+    of the same bytes for the bandwidth reference).
+``attention`` (110)
+    the timing table (``bench_attention.measure``): SDPA untied and with k = v, CEM v1 and v2, and
+    the default layer's call through v1 and v2, at T = 512...4096 (B = 8, H = 12, d = 64, bf16,
+    causal), forward and forward+backward, with the time ratios.
+``profile`` (40)
+    ``torch.profiler`` of forward+backward at T = 512 and 1024: GPU kernel time against wall
+    time, kernels and launch calls per call, the longest kernels.
+``mlp`` (60)
+    the tied MLP step v2 and v1 against eager (``bench_mlp.measure``), time and peak memory, with
+    the v2/eager ratios next to the target (time <= 1, memory <= 0.7) and the CPU prediction
+    (``results/mlp_memory_cpu.json``).
+``train`` (180)
+    train-step tokens/s and MFU of Llama and CEM at T = 1 and T = 2 (``train_step.run``, bf16,
+    ``torch.compile``, d = 768, 6 layers, context 256, batch 64), with the CEM/Llama ratios
+    against the targets (T = 1: >= 0.9, T = 2: >= 0.55).
+
+Each stage writes ``results/gpu_<stage>_<device>.json``; ``results/gpu_summary_<device>.json``
+(rewritten after every stage) says what ran, how long it took, and what was skipped and why.
+A stage whose file says it is done is skipped (so a call that was cut off resumes; ``--force``
+redoes it). A stage starts only if half its budget fits in what is left of ``--total-s``
+(default 570 s) and stops its own loops at its budget; what it could not reach is recorded as
+skipped, never silently dropped. A stage that raises is recorded as failed, with its traceback,
+and the next stage runs.
+
+The CEM attention entry points come from ``bench_attention.IMPLEMENTATIONS`` (v2:
+``cemlib.kernels.tied_attention_v2.tied_attention``, "not available" if it cannot be imported).
+
+``--dry-run``: on the CPU, Triton kernels under the interpreter, tiny shapes, a few repetitions
+(the tests run it); files go to ``--out-dir`` (default: the temporary directory) and are marked
+"dry run (not a result)".
+
+Usage: ``python benchmarks/gpu_kernels.py [--stage attention mlp] [--force]`` or
+``bash benchmarks/run_gpu.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+DRY = "--dry-run" in sys.argv
+if DRY:  # before anything imports triton
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import common  # noqa: E402
+
+CUDA = common.setup_cpu_interpreter() and not DRY
+
+import torch  # noqa: E402
+
+import bench_attention  # noqa: E402
+import bench_mlp  # noqa: E402
+import train_step  # noqa: E402
+from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
+
+STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
+BUDGET_S = {"correctness": 70, "autotune": 100, "attention": 110, "profile": 40, "mlp": 60,
+            "train": 180}
+TOTAL_S = 570
+MLP_TIME_TARGET, MLP_MEMORY_TARGET = 1.0, bench_mlp.MEMORY_TARGET
+
+#: Shapes and repetitions: the issue's setting on a GPU, tiny ones for the dry run.
+SETTINGS = {
+    "gpu": dict(
+        dtypes=(torch.bfloat16, torch.float16), rep=100,
+        attention=dict(B=8, H=12, d=64, Ts=[512, 1024, 2048, 4096], dtype=torch.bfloat16),
+        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_diag_v1", "cem_diag_v2"),
+        check_attention=[(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)],
+        check_diag=[(2, 4, 200, 64)], check_mlp=[(37, 96, 200), (512, 768, 2048)],
+        profile_Ts=[512, 1024], profile_iters=10,
+        sweep_n=8192 * 3072, sweep_blocks=(512, 1024, 2048, 4096), sweep_warps=(1, 2, 4, 8),
+        sweep_rep=25,
+        mlp=dict(N=bench_mlp.GPU_N, widths=bench_mlp.GPU_WIDTHS),
+        train=dict(widths=[768], Ts=[1, 2], layers=6, context=256, head_dim=64, batch=64,
+                   warmup=3, iters=20, compile=True)),
+    "dry": dict(
+        dtypes=(torch.float16,), rep=2,
+        attention=dict(B=1, H=2, d=16, Ts=[16], dtype=torch.float32),
+        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_diag_v1"),
+        check_attention=[(1, 2, 13, 16)], check_diag=[(1, 2, 9, 16)], check_mlp=[(5, 12, 40)],
+        profile_Ts=[16], profile_iters=2,
+        sweep_n=4096, sweep_blocks=(1024, 4096), sweep_warps=(4,), sweep_rep=2,
+        mlp=dict(N=32, widths=[16]),
+        train=dict(widths=[32], Ts=[1, 2], layers=1, context=16, head_dim=16, batch=2,
+                   warmup=1, iters=2, compile=False)),
+}
+
+
+# ---------------------------------------------------------------- correctness
+
+def _outputs_and_grads(fn, inputs, kwargs, seed=1):
+    """Outputs of ``fn(*inputs, **kwargs)`` and the gradients of a random projection of them."""
+    leaves = [x.clone().requires_grad_() for x in inputs]
+    outs = fn(*leaves, **kwargs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    g = torch.Generator(device=outs[0].device).manual_seed(seed)
+    loss = sum((o.double() * torch.randn(o.shape, generator=g, device=o.device,
+                                         dtype=torch.float64)).sum() for o in outs)
+    loss.backward()
+    return list(outs) + [x.grad for x in leaves]
+
+
+def _rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def flash_criterion(fn, ref, inputs, kwargs, dtype, names, floor=1e-3) -> dict:
+    """Errors against float64 of ``fn`` and of ``ref`` in ``dtype`` for every output and input
+    gradient (``names``), and whether ``fn``'s is at most twice ``ref``'s plus ``floor``."""
+    low = [x.to(dtype) for x in inputs]
+    got = _outputs_and_grads(fn, low, kwargs)
+    same = _outputs_and_grads(ref, low, kwargs)
+    exact = _outputs_and_grads(ref, [x.double() for x in low], kwargs)
+    rows = []
+    for name, a, r, e in zip(names, got, same, exact):
+        ea, er = _rel_err(a, e), _rel_err(r, e)
+        rows.append(dict(name=name, kernel_error=ea, reference_error=er,
+                         passed=ea <= 2 * er + floor))
+    return {"passed": all(r["passed"] for r in rows), "floor": floor, "errors": rows}
+
+
+def correctness(s, device, deadline):
+    checks, availability = [], {}
+
+    def record(what, shape, dtype, run):
+        if time.monotonic() > deadline:
+            checks.append(dict(check=what, shape=shape, dtype=str(dtype),
+                               skipped="out of the stage's time budget"))
+            return
+        try:
+            checks.append(dict(check=what, shape=shape, dtype=str(dtype), **run()))
+        except Exception as err:  # a failing check is a result, not the end of the stage
+            checks.append(dict(check=what, shape=shape, dtype=str(dtype), passed=False,
+                               error=f"{type(err).__name__}: {err}"))
+        print(what, shape, dtype, checks[-1].get("passed", checks[-1].get("skipped")), flush=True)
+
+    for impl in ("v1", "v2"):
+        fn, availability[f"attention_{impl}"] = bench_attention.implementation(impl)
+        if fn is None:
+            continue
+        for dtype in s["dtypes"]:
+            for B, K, L, D in s["check_attention"]:
+                g = torch.Generator(device=device).manual_seed(0)
+                q, kv = torch.randn(2, B, K, L, D, generator=g, device=device, dtype=torch.float64)
+                sb, cb = torch.randn(2, K, generator=g, device=device, dtype=torch.float64)
+                kw = dict(scale=D ** -0.5, alibi=reference.alibi_slopes(K).to(device))
+                record(f"attention_{impl}", [B, K, L, D], dtype, lambda fn=fn: flash_criterion(
+                    lambda q, kv, sb, cb, **k: fn(q, kv, self_bias=sb, cross_bias=cb, **k),
+                    lambda q, kv, sb, cb, **k: reference.tied_attention(
+                        q, kv, self_bias=sb, cross_bias=cb, **k),
+                    [q, kv, sb, cb], kw, dtype,
+                    ["o", "lse", "dq", "dkv", "dself_bias", "dcross_bias"]))
+            for B, K, L, D in s["check_diag"]:  # the default layer: shared diagonal, head sum
+                g = torch.Generator(device=device).manual_seed(1)
+                q, kv = torch.randn(2, B, K, L, D, generator=g, device=device, dtype=torch.float64)
+                qe, ke = 0.3 * torch.randn(2, B, L, K * D, generator=g, device=device,
+                                           dtype=torch.float64)
+                kw = dict(scale=D ** -0.5, alibi=reference.alibi_slopes(K).to(device),
+                          extra_values=True, extra_head_sum=True)
+                record(f"attention_diag_{impl}", [B, K, L, D, K * D], dtype,
+                       lambda fn=fn: flash_criterion(
+                           lambda q, kv, qe, ke, **k: fn(q, kv, q_extra=qe, k_extra=ke, **k),
+                           lambda q, kv, qe, ke, **k: reference.tied_attention(
+                               q, kv, q_extra=qe, k_extra=ke, **k),
+                           [q, kv, qe, ke], kw, dtype,
+                           ["o", "lse", "o_extra", "dq", "dkv", "dq_extra", "dk_extra"]))
+    for impl, fn in bench_mlp.step_methods(False, ("v2", "v1")).items():
+        for dtype in s["dtypes"]:
+            for N, Dh, Dv in s["check_mlp"]:
+                inputs, _ = bench_mlp.step_inputs(N, Dh, Dv, torch.float64, device, seed=2)
+                record(f"mlp_{impl}", [N, Dh, Dv], dtype, lambda fn=fn, inputs=inputs:
+                       flash_criterion(fn, reference.tied_gated_mlp_step, inputs, {}, dtype,
+                                       ["y", "du", "dV", "dgamma"]))
+    return {"checks": checks, "implementations": availability,
+            "passed": all(c.get("passed", True) for c in checks),
+            "sync": sync_check(device)}
+
+
+def sync_check(device) -> dict:
+    """Synchronising CUDA calls in the forward+backward of a default CEM attention and MLP layer
+    under bf16 autocast (``torch.cuda.set_sync_debug_mode``: a warning per call)."""
+    if device.type != "cuda":
+        return {"skipped": "CUDA only"}
+    from cemlib.layers.cem_attention import CEMAttention
+    from cemlib.layers.cem_mlp import CEMMLP
+    out = {}
+    for name, layer in (("cem_attention", CEMAttention(768, 12)), ("cem_mlp", CEMMLP(768, 2048))):
+        layer = layer.to(device)
+        x = torch.randn(4, 256, 768, device=device, requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            layer(x).float().sum().backward()  # warm-up: compiles the kernels
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    layer(x).float().sum().backward()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs = [str(w.message)[:200] for w in caught if "synchroniz" in str(w.message).lower()]
+        out[name] = {"synchronising_calls": len(syncs), "messages": syncs[:5]}
+    return out
+
+
+# ---------------------------------------------------------------- autotune
+
+def _autotuners(module) -> dict:
+    from triton.runtime.autotuner import Autotuner
+    return {name: obj for name, obj in vars(module).items() if isinstance(obj, Autotuner)}
+
+
+def _config(c) -> dict:
+    return {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages}
+
+
+def autotune(s, device, deadline):
+    out = {"attention_v2": attention_v2_sweep(s, device, deadline)}
+    out["mlp_elementwise"] = mlp_elementwise_sweep(s, device, deadline)
+    return out
+
+
+def attention_v2_sweep(s, device, deadline) -> dict:
+    """Run attention v2 forward+backward at each T; read every ``triton.autotune`` of its module:
+    the configurations' timings (``do_bench`` medians, ms) and the best, per tuning key."""
+    import importlib
+    fn, record = bench_attention.implementation("v2")
+    if fn is None:
+        return record
+    a = s["attention"]
+    tuners = _autotuners(importlib.import_module(bench_attention.IMPLEMENTATIONS["v2"][0]))
+    if not tuners:
+        return {**record, "note": "the module has no triton.autotune kernel"}
+    seen, sweeps = {name: set(t.cache) for name, t in tuners.items()}, []
+    for T in a["Ts"]:
+        if time.monotonic() > deadline:
+            sweeps.append({"T": T, "skipped": "out of the stage's time budget"})
+            continue
+        x = bench_attention.attention_inputs(a["B"], a["H"], T, a["d"], a["H"] * a["d"],
+                                             a["dtype"], device)
+        for name in ("cem_v2", "cem_diag_v2"):
+            method, inputs, _ = bench_attention.method(
+                name, x, a["d"] ** -0.5,
+                reference.alibi_slopes(a["H"]).to(device=device, dtype=torch.float32), T, device)
+            calls, _ = bench_attention.fwd_and_fwd_bwd(method, inputs, x["do"], x["doe"])
+            t0 = time.monotonic()
+            calls["fwd_bwd"]()
+            for kernel, tuner in tuners.items():
+                for key in set(tuner.cache) - seen[kernel]:
+                    seen[kernel].add(key)
+                    timings = getattr(tuner, "configs_timings", None) or {}
+                    sweeps.append(dict(
+                        T=T, method=name, kernel=kernel, key=str(key),
+                        best=_config(tuner.cache[key]),
+                        timings_ms=[dict(config=_config(c), median_ms=(t[0] if isinstance(
+                            t, (list, tuple)) else t)) for c, t in timings.items()]))
+            print("autotune v2", name, T, f"{time.monotonic() - t0:.1f} s", flush=True)
+    return {**record, "kernels": sorted(tuners), "sweeps": sweeps}
+
+
+def mlp_elementwise_sweep(s, device, deadline) -> dict:
+    """The two MLP element-wise kernels over ``BLOCK`` x ``num_warps`` (2 to 64 entries a thread),
+    bf16 on a GPU, with a ``copy_`` of the same bytes as the bandwidth reference."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    n = s["sweep_n"]
+    h, gamma, da, a = (torch.randn(n, device=device, dtype=dtype) for _ in range(4))
+    src, dst = torch.empty(3 * n, device=device, dtype=dtype), torch.empty(3 * n, device=device,
+                                                                         dtype=dtype)
+    copy_ms = common.bench(lambda: dst.copy_(src), device, s["sweep_rep"])["median_ms"]
+    bytes_copy = 2 * 3 * n * dtype.itemsize
+    rows = []
+    for block in s["sweep_blocks"]:
+        for warps in s["sweep_warps"]:
+            per_thread = block // (32 * warps)
+            if not 2 <= per_thread <= 64:
+                continue
+            cfg = dict(BLOCK=block, num_warps=warps)
+            for kernel, fn, nbytes in (
+                    ("_silu_gate_kernel", lambda: gated_mlp_triton.silu_gate(h, gamma, a, cfg),
+                     3 * n * dtype.itemsize),
+                    ("_silu_gate_bwd_kernel",  # overwrites da each call; timing is value-blind
+                     lambda: gated_mlp_triton.silu_gate_backward(h, gamma, da, cfg),
+                     5 * n * dtype.itemsize)):
+                if time.monotonic() > deadline:
+                    rows.append(dict(kernel=kernel, **cfg, skipped="out of the stage's budget"))
+                    continue
+                ms = common.bench(fn, device, s["sweep_rep"])["median_ms"]
+                rows.append(dict(kernel=kernel, **cfg, elements_per_thread=per_thread,
+                                 median_ms=ms, gb_per_s=nbytes / ms / 1e6,
+                                 default=cfg == gated_mlp_triton.ELEMENTWISE))
+    best = {}
+    for r in rows:
+        if "median_ms" in r and (r["kernel"] not in best
+                                 or r["median_ms"] < best[r["kernel"]]["median_ms"]):
+            best[r["kernel"]] = r
+    return {"n": n, "dtype": str(dtype), "copy_reference": dict(
+                bytes=bytes_copy, median_ms=copy_ms, gb_per_s=bytes_copy / copy_ms / 1e6),
+            "default": dict(gated_mlp_triton.ELEMENTWISE), "rows": rows, "best": best}
+
+
+# ---------------------------------------------------------------- attention, profile, mlp, train
+
+def attention(s, device, deadline):
+    a = s["attention"]
+    peak = common.measured_peak_tflops(device)
+    results, availability = bench_attention.measure(
+        a["Ts"], a["B"], a["H"], a["d"], a["H"] * a["d"], a["dtype"], device, s["rep"],
+        peak["tflops"], names=s["methods"], deadline=deadline)
+    return {"peak_gemm": peak, "implementations": availability, "results": results,
+            "time_ratios": bench_attention.time_ratios(results),
+            "target": "cem_v2 / sdpa_untied fwd_bwd <= 1.0 at T >= 1024 (stretch 0.85)"}
+
+
+def profile(s, device, deadline):
+    """GPU kernel time vs wall time of one forward+backward, per method and T."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    a, iters = s["attention"], s["profile_iters"]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    rows = []
+    for T in s["profile_Ts"]:
+        x = bench_attention.attention_inputs(a["B"], a["H"], T, a["d"], a["H"] * a["d"],
+                                             a["dtype"], device)
+        slopes = reference.alibi_slopes(a["H"]).to(device=device, dtype=torch.float32)
+        for name in s["methods"]:
+            if time.monotonic() > deadline:
+                rows.append(dict(method=name, T=T, skipped="out of the stage's time budget"))
+                continue
+            fn, inputs, record = bench_attention.method(name, x, a["d"] ** -0.5, slopes, T, device)
+            if fn is None:
+                rows.append(dict(method=name, T=T, **record))
+                continue
+            calls, leaves = bench_attention.fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])
+            for _ in range(3):
+                calls["fwd_bwd"]()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                calls["fwd_bwd"]()
+            sync()
+            wall_ms = 1e3 * (time.perf_counter() - t0) / iters
+            with torch_profile(activities=activities) as prof:
+                for _ in range(iters):
+                    calls["fwd_bwd"]()
+                sync()
+            events = prof.events()
+            kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+            per_kernel = {}
+            for e in kernels:
+                per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+            kernel_ms = sum(per_kernel.values()) / 1e3 / iters
+            launches = sum(1 for e in events if "LaunchKernel" in e.name)
+            rows.append(dict(
+                method=name, T=T, B=a["B"], H=a["H"], d=a["d"], dtype=str(a["dtype"]),
+                wall_ms=wall_ms, kernel_ms=kernel_ms if kernels else None,
+                kernel_over_wall=kernel_ms / wall_ms if kernels else None,
+                kernels_per_call=len(kernels) / iters, launch_calls_per_call=launches / iters,
+                cpu_ops_per_call=sum(1 for e in events if e.device_type == DeviceType.CPU
+                                     and e.name.startswith("aten::")) / iters,
+                longest_kernels=[dict(name=k[:120], us_per_call=v / iters) for k, v in sorted(
+                    per_kernel.items(), key=lambda kv: -kv[1])[:6]]))
+            print("profile", name, T, f"wall {wall_ms:.3f} ms", f"kernels {rows[-1]['kernel_ms']}",
+                  f"{rows[-1]['kernels_per_call']} kernels/call", flush=True)
+    return {"iters": iters, "rows": rows}
+
+
+def mlp(s, device, deadline):
+    peak = common.measured_peak_tflops(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results = bench_mlp.measure(s["mlp"]["N"], s["mlp"]["widths"], dtype, device, s["rep"],
+                                peak["tflops"], bench_mlp.step_methods(False, ("v2", "v1", "eager")),
+                                deadline=deadline)
+    ratios = bench_mlp.ratios(results)
+    verdict = {k: {"time_met": v.get("time", float("inf")) <= MLP_TIME_TARGET,
+                   "memory_met": v.get("memory", float("inf")) <= MLP_MEMORY_TARGET}
+               for k, v in ratios.items() if k.endswith("fwd_bwd")}
+    predicted = os.path.join(HERE, "results", "mlp_memory_cpu.json")
+    prediction = None
+    if os.path.exists(predicted):
+        with open(predicted) as f:
+            prediction = json.load(f).get("v2_over_eager_peak")
+    return {"peak_gemm": peak, "results": results, "v2_over_eager": ratios,
+            "v1_over_eager": bench_mlp.ratios(results, "v1"),
+            "targets": {"time": MLP_TIME_TARGET, "memory": MLP_MEMORY_TARGET}, "verdict": verdict,
+            "cpu_predicted_memory_ratio": prediction}
+
+
+def train(s, device, deadline):
+    t = s["train"]
+    gpu = device.type == "cuda"
+    peak = None
+    if gpu:
+        from cemlib.train.flops import measure_peak_flops
+        peak = measure_peak_flops(device)
+    configs = train_step.model_configs(t["widths"], t["Ts"], vocab=65, context=t["context"],
+                                       layers=t["layers"], head_dim=t["head_dim"])
+    rows = train_step.run(configs, batch=t["batch"], device=device, bf16=gpu,
+                          compile_=t["compile"] and gpu, warmup=t["warmup"], iters=t["iters"],
+                          peak=peak, deadline=deadline)
+    return {"settings": {k: v for k, v in t.items()}, "peak_flops": peak,
+            "peak_source": "measured bf16 8192^3 matmul" if gpu else None,
+            "dtype": "bf16-autocast" if gpu else "float32", "rows": rows,
+            "cem_over_llama": train_step.ratios_to_llama(rows)}
+
+
+RUNNERS = {"correctness": correctness, "autotune": autotune, "attention": attention,
+           "profile": profile, "mlp": mlp, "train": train}
+
+
+# ---------------------------------------------------------------- driver
+
+def stage_path(out_dir, stage, slug):
+    return os.path.join(out_dir, f"gpu_{stage}_{slug}.json")
+
+
+def _done(path) -> bool:
+    try:
+        with open(path) as f:
+            return json.load(f).get("status") == "done"
+    except (OSError, ValueError):
+        return False
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--stage", nargs="+", choices=STAGES, help="run only these stages")
+    p.add_argument("--force", action="store_true", help="re-run stages whose JSON says done")
+    p.add_argument("--total-s", type=float, default=TOTAL_S, help="time for the whole call")
+    p.add_argument("--budget", nargs="+", default=[], metavar="STAGE=S",
+                   help="a stage's budget in seconds, e.g. train=240")
+    p.add_argument("--rep", type=int, help="do_bench repetition time (ms) / CPU repetitions")
+    p.add_argument("--out-dir", help="where the JSON go (default: results/, dry run: temp dir)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU, interpreter, tiny shapes: checks the script runs (not a result)")
+    args = p.parse_args(argv)
+    if args.dry_run != DRY:
+        sys.exit("--dry-run must be on the command line (it is read before triton is imported)")
+    start = time.monotonic()
+    if not DRY and not CUDA:
+        sys.exit("needs a CUDA GPU; --dry-run runs it on the CPU")
+    device = torch.device("cuda" if CUDA else "cpu")
+    s = dict(SETTINGS["dry" if DRY else "gpu"])
+    if args.rep:
+        s["rep"] = args.rep
+    budgets = dict(BUDGET_S)
+    for item in args.budget:
+        stage, _, seconds = item.partition("=")
+        if stage not in budgets:
+            sys.exit(f"--budget: unknown stage {stage!r}")
+        budgets[stage] = float(seconds)
+    env = common.environment(device)
+    slug = "cpu_dry_run" if DRY else common.device_slug(env["device_name"])
+    out_dir = args.out_dir or (os.path.join(tempfile.gettempdir(), "cemlib_gpu_dry_run") if DRY
+                               else os.path.join(HERE, "results"))
+    os.makedirs(out_dir, exist_ok=True)
+    command = " ".join(["python benchmarks/gpu_kernels.py"] + [
+        a for a in (sys.argv[1:] if argv is None else argv)])
+    if args.out_dir:  # the recorded command leaves a machine's path out
+        command = command.replace(f"--out-dir {args.out_dir}", "--out-dir <dir>")
+    summary_path = os.path.join(out_dir, f"gpu_summary_{slug}.json")
+    summary = {"stages": {}}
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+    summary.update(env=env, command=command, mode="dry run (not a result)" if DRY else "gpu",
+                   total_s=args.total_s)
+    for stage in args.stage or STAGES:
+        path = stage_path(out_dir, stage, slug)
+        left = args.total_s - (time.monotonic() - start)
+        if _done(path) and not args.force:
+            note = {"status": "done earlier", "file": os.path.basename(path)}
+        elif left < 0.5 * budgets[stage]:
+            note = {"status": "skipped", "reason": f"{left:.0f} s left of the call, budget "
+                                                   f"{budgets[stage]:.0f} s"}
+        else:
+            t0 = time.monotonic()
+            deadline = t0 + min(budgets[stage], left)
+            print(f"== {stage} (budget {min(budgets[stage], left):.0f} s)", flush=True)
+            payload = {"benchmark": f"gpu_kernels/{stage}", "env": env, "command": command,
+                       "mode": summary["mode"], "budget_s": budgets[stage]}
+            try:
+                payload.update(RUNNERS[stage](s, device, deadline), status="done")
+            except Exception as err:
+                payload.update(status="failed", error=f"{type(err).__name__}: {err}",
+                               traceback=traceback.format_exc()[-4000:])
+                print(payload["traceback"], file=sys.stderr, flush=True)
+            payload["elapsed_s"] = round(time.monotonic() - t0, 1)
+            with open(path, "w") as f:
+                json.dump(payload, f, indent=1, default=str)
+            note = {"status": payload["status"], "elapsed_s": payload["elapsed_s"],
+                    "file": os.path.basename(path)}
+            print(f"== {stage}: {payload['status']} in {payload['elapsed_s']} s -> {path}",
+                  flush=True)
+        summary["stages"][stage] = note
+        summary["elapsed_s"] = round(time.monotonic() - start, 1)
+        with open(summary_path, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    print(json.dumps(summary["stages"], indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
