@@ -23,6 +23,7 @@ from cemlib.layers.cem_mlp import CEMMLP
 from cemlib.layers.llama import LlamaAttention, SwiGLU
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.reuse import IncrementDropout, LayerReuse, ResidualSublayer
+from cemlib.models.generation import GenerationMixin
 from cemlib.utils import check_positive_int
 
 __all__ = ["LMConfig", "LanguageModel", "default_d_ff"]
@@ -158,8 +159,11 @@ def _mlp_step(cfg: LMConfig) -> nn.Module:
     return LayerReuse(step, cfg.reuse_mlp) if cfg.reuse_mlp > 1 else step
 
 
-class LanguageModel(nn.Module):
-    """``LanguageModel(cfg)(idx: LongTensor[B, L]) -> logits [B, L, vocab]``."""
+class LanguageModel(GenerationMixin, nn.Module):
+    """``LanguageModel(cfg)(idx: LongTensor[B, L]) -> logits [B, L, vocab]``.
+
+    ``model.generate(idx, max_new_tokens, temperature=..., top_k=..., seed=...)`` samples text
+    (:func:`cemlib.models.generation.generate`)."""
 
     def __init__(self, cfg: LMConfig):
         super().__init__()
@@ -176,6 +180,16 @@ class LanguageModel(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Parameter(torch.randn(cfg.vocab_size, cfg.d_model) * cfg.init_std)
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence :meth:`forward` accepts (``cfg.context_length``)."""
+        return self.config.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of token ids (``cfg.vocab_size``)."""
+        return self.config.vocab_size
 
     @property
     def head_weight(self) -> torch.Tensor:

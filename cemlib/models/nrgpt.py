@@ -15,6 +15,7 @@ from torch import nn
 
 from cemlib.layers.gpt import GPTBlock, RecurrentGPT
 from cemlib.layers.nrgpt import NRGPTBlock
+from cemlib.models.generation import GenerationMixin
 from cemlib.utils import check_positive_int
 
 __all__ = ["NRGPTModel", "RecurrentGPTModel", "GPTModel", "AUTHORS_NRGPT", "AUTHORS_BASELINE"]
@@ -32,8 +33,10 @@ AUTHORS_NRGPT = dict(ff="ff2w", act="gelu", ff_bias=True, norm="layernorm", lear
 AUTHORS_BASELINE = dict(act="relu", head_bias=True)
 
 
-class _CausalTokenModel(nn.Module):
-    """Embeddings, final LayerNorm and output head around a body ``self._body(x)``."""
+class _CausalTokenModel(GenerationMixin, nn.Module):
+    """Embeddings, final LayerNorm and output head around a body ``self._body(x)``; with
+    ``n_outputs == vocab_size`` (the default) ``generate`` samples text
+    (:func:`cemlib.models.generation.generate`)."""
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_outputs: int | None = None,
                  dropout: float = 0.0, tie_embeddings: bool = False, head_bias: bool = False):
@@ -55,6 +58,11 @@ class _CausalTokenModel(nn.Module):
             if self.n_outputs != vocab_size:
                 raise ValueError("tie_embeddings needs n_outputs == vocab_size")
             self.head.weight = self.tok_emb.weight
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence :meth:`forward` accepts (``block_size``)."""
+        return self.block_size
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """``x^(0)_A = token embedding + position embedding`` (App. F.1), after input checks."""
