@@ -91,7 +91,23 @@ class _Block(nn.Module):
 
 class NewtonTransformer(GenerationMixin, nn.Module):
     """``forward(idx (B, L)) -> logits (B, L, vocab_size)``; ``generate`` samples text
-    (:func:`cemlib.models.generation.generate`)."""
+    (:func:`cemlib.models.generation.generate`).
+
+    Each block is pre-LayerNorm: ``x = x + attention update of LN(x)`` then ``x = x + MLP(LN(x))``;
+    for ``attn="mha2nd1st"`` the update is the Newton layer's stepped state minus its input (see
+    the module docstring).
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param block_size: the longest sequence (sinusoidal positions).
+    :param d_model: the width ``d``.
+    :param n_layers: blocks.
+    :param n_heads: attention heads.
+    :param attn: ``"mha"`` (standard softmax attention) or ``"mha2nd1st"`` (first-order Newton
+        attention, :class:`~cemlib.layers.newton.MHA2nd1st`).
+    :param ffn: a ReLU MLP of width ``4 d`` after the attention (``False``: attention only).
+    :param dropout: dropout on the embeddings and on each block's attention and MLP outputs.
+    :param form: ``MHA2nd1st``'s ``form``, ``"corrected"`` or ``"paper"``.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layers: int = 3,
                  n_heads: int = 4, attn: str = "mha", ffn: bool = True, dropout: float = 0.1,

@@ -93,7 +93,23 @@ class _CausalTokenModel(GenerationMixin, nn.Module):
 
 class NRGPTModel(_CausalTokenModel):
     """NRGPT: one :class:`~cemlib.layers.nrgpt.NRGPTBlock` applied ``n_steps`` times (eq. 6 with
-    shared weights, §2). ``block_kwargs`` go to the block (``ff``, ``norm``, ``rate``, ``mask``, ...)."""
+    shared weights, §2). ``block_kwargs`` go to the block (``ff``, ``norm``, ``rate``, ``mask``, ...).
+
+    ``forward(idx)`` (B, L) returns logits (B, L, n_outputs): embeddings, ``n_steps`` applications
+    of the block (each returns the updated stream), the final LayerNorm and the head.
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param block_size: the longest sequence (learned positions).
+    :param d_model: the width ``D``.
+    :param n_heads: attention heads.
+    :param n_steps: applications of the block (the recurrent depth).
+    :param n_outputs: logits per position (default ``vocab_size``; a classifier reads the ones it
+        needs; ``generate`` needs the default).
+    :param dropout: dropout on the embeddings (and, for the GPT baselines, in the blocks).
+    :param tie_embeddings: use the token embedding as the output head.
+    :param head_bias: a zero-initialised bias on the output head (the authors' ``lm_head``).
+    :param block_kwargs: the options of :class:`~cemlib.layers.nrgpt.NRGPTBlock`.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_steps: int = 5, *, n_outputs: int | None = None, dropout: float = 0.0,
@@ -117,7 +133,24 @@ class NRGPTModel(_CausalTokenModel):
 
 class RecurrentGPTModel(_CausalTokenModel):
     """One GPT block applied ``n_steps`` times: ``block="parallel"`` (GPT-J style, the authors'
-    GPT_Rec_parallel, default) or ``"sequential"`` (pre-LN GPT-2 block, their GPT_Rec)."""
+    GPT_Rec_parallel, default) or ``"sequential"`` (pre-LN GPT-2 block, their GPT_Rec).
+
+    ``forward(idx)`` (B, L) returns logits (B, L, n_outputs).
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param block_size: the longest sequence (learned positions).
+    :param d_model: the width ``D``.
+    :param n_heads: attention heads.
+    :param n_steps: applications of the block.
+    :param n_outputs: logits per position (default ``vocab_size``; a classifier reads the ones it
+        needs; ``generate`` needs the default).
+    :param dropout: dropout on the embeddings (and, for the GPT baselines, in the blocks).
+    :param tie_embeddings: use the token embedding as the output head.
+    :param ff_hidden: the MLP hidden width (default ``4 D``).
+    :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
+    :param block: ``"parallel"`` or ``"sequential"``.
+    :param head_bias: a zero-initialised bias on the output head (the authors' ``lm_head``).
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_steps: int = 5, *, n_outputs: int | None = None, dropout: float = 0.0,
@@ -133,7 +166,23 @@ class RecurrentGPTModel(_CausalTokenModel):
 
 
 class GPTModel(_CausalTokenModel):
-    """A standard deep GPT-2: ``n_layers`` sequential pre-LN blocks, no weight sharing."""
+    """A standard deep GPT-2: ``n_layers`` sequential pre-LN blocks, no weight sharing.
+
+    ``forward(idx)`` (B, L) returns logits (B, L, n_outputs).
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param block_size: the longest sequence (learned positions).
+    :param d_model: the width ``D``.
+    :param n_heads: attention heads.
+    :param n_layers: blocks (:class:`~cemlib.layers.gpt.GPTBlock`).
+    :param n_outputs: logits per position (default ``vocab_size``; a classifier reads the ones it
+        needs; ``generate`` needs the default).
+    :param dropout: dropout on the embeddings (and, for the GPT baselines, in the blocks).
+    :param tie_embeddings: use the token embedding as the output head.
+    :param ff_hidden: the MLP hidden width (default ``4 D``).
+    :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
+    :param head_bias: a zero-initialised bias on the output head (the authors' ``lm_head``).
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_layers: int = 4, *, n_outputs: int | None = None, dropout: float = 0.0,
