@@ -10,6 +10,7 @@ returns input + update), a *branch* layer returns zero (it returns the update on
 
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,3 +147,13 @@ def test_cem_mlp_is_the_pre_norm_tied_gated_mlp_its_docstring_writes(float64):
     expected = x + (hn @ mlp.W.T * torch.nn.functional.silu(hn @ mlp.V.T)) @ mlp.V
     torch.testing.assert_close(mlp(x), expected)  # the docstring's x + V^T (W RMSNorm(x) * SiLU(V RMSNorm(x)))
     assert (mlp(x) - (x + mlp(mlp.norm(x)))).abs().max() > 0.1  # the wrong usage is a different model
+
+
+def test_the_api_reference_page_documents_every_public_layer_and_model():
+    page = (Path(__file__).resolve().parent.parent / "book" / "api.md").read_text()
+    documented = set(re.findall(r"^\.\. auto(?:class|function|exception):: ([\w.]+)", page, re.M))
+    short = {name.rsplit(".", 1)[1] for name in documented}
+    public = {n for mod in (L, M) for n in mod.__all__ if inspect.isclass(getattr(mod, n))}
+    assert public <= short, f"not on book/api.md: {sorted(public - short)}"
+    toc = (Path(__file__).resolve().parent.parent / "_toc.yml").read_text()
+    assert "- file: book/api" in toc

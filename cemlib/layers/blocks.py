@@ -51,8 +51,8 @@ class CEMBlock(Block):
     :param d_v: the CEM MLP width.
     :param T_attn: recursion steps of the attention (``T_eps``).
     :param T_mlp: recursion steps of the MLP (``T_xi``).
-    :param attn_kwargs: further options of :class:`CEMAttention`.
-    :param mlp_kwargs: further options of :class:`CEMMLP`.
+    :param attn_kwargs: further options of :class:`~cemlib.layers.cem_attention.CEMAttention`.
+    :param mlp_kwargs: further options of :class:`~cemlib.layers.cem_mlp.CEMMLP`.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_v: int, *, T_attn: int = 1, T_mlp: int = 1,

@@ -86,7 +86,7 @@ class CEMAttention(EnergyLayer):
        - wrong: ``x = x + attn(norm(x))``, which adds the stream twice and normalises twice.
 
        At T = 1 it is one pre-norm sublayer of tied attention, ``x + MHA(RMSNorm(x))`` with
-       ``K = V`` and ``Q = O`` (plus the diagonal path and the biases; see the module docstring).
+       ``K = V`` and ``Q = O`` (plus the diagonal value path and the learned biases).
        For dropout on its update use
        :class:`~cemlib.layers.reuse.IncrementDropout`.
 

@@ -76,8 +76,10 @@ class SoftmaxAttentionStep(_SingleHeadStep):
     """Eq. (1) with tied ``W_V``: one GD step on ``F~*`` (Theorem 1 corrected: ``W_V = eta W``).
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
 
     :param d: the width ``d``.
@@ -123,8 +125,10 @@ class MeanShiftAttentionStep(_SingleHeadStep):
     """Eq. (8): GD on the elastic ``F*``, ``z - eta (z - h_bar) = (1 - eta) z + eta h_bar``.
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
 
     :param d: the width ``d``.
@@ -153,8 +157,10 @@ class LinearAttentionStep(_SingleHeadStep):
     iterating it makes ``||z||`` grow without bound.
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
 
     :param d: the width ``d``.

@@ -97,7 +97,9 @@ class SubspaceAttention(EnergyLayer):
     :param beta: the inverse temperature of the scores (default ``1/sqrt(p)``).
     :param eps: the RMSNorm's epsilon.
     :param qkv_gain: learnable RMSNorm gains: ``"none"``, ``"shared"`` (one for Q, K and V) or
-        ``"separate"`` (the authors' code; see the module docstring).
+        ``"separate"`` (the authors' image models; the score stays symmetric, but the update is
+        a gradient only if the value gain equals the product of the query and key gains, which
+        nothing enforces).
     """
 
     kind = "bisoftmax"

@@ -49,8 +49,10 @@ class Att2nd(_SingleHeadStep):
     """Eq. (10): the Newton step on the elastic ``F*`` (``W = W_Q^T W_K``).
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
 
     :param d: the width ``d``.
@@ -91,8 +93,10 @@ class Att2nd1st(Att2nd):
     """§3, Att2nd1st: ``(1 - eta) z + eta h_bar - (eta/T) sum_i p_i d_i d_i^T (z - h_bar)`` in ``O(N d)``.
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
 
     The options are :class:`Att2nd`'s (``d``, ``T``, ``eta``).
@@ -169,8 +173,10 @@ class MHA2nd(_MultiHeadFreeEnergy):
     """Eq. (25)/(28): per-subspace Newton with the range-space pseudo-inverse.
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
 
     :param d: the width ``d``.
@@ -204,8 +210,10 @@ class MHA2nd1st(_MultiHeadFreeEnergy):
     """§4 / A.8 (eqs. 30-31): first-order Newton attention with output matrices ``W_O,h``.
 
     ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) (see the module
-    docstring for a causal sequence). In a standard pre-norm block add its *update*, not its output:
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
     ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
     :class:`~cemlib.models.newton_transformer.NewtonTransformer` does exactly that, with the same
     numbers computed by matrix products (:func:`~cemlib.models.newton_transformer.causal_mha2nd1st_update`).

@@ -37,7 +37,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
     def vjp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``J(x)^T v`` for this norm (see :func:`rms_norm_vjp`)."""
+        """``J(x)^T v`` for this norm (``cemlib.normalization.rms_norm_vjp``)."""
         return rms_norm_vjp(x, v, self.weight, self.eps)
 
     def extra_repr(self) -> str:

@@ -82,9 +82,9 @@ class NRGPTBlock(EnergyLayer):
     block. Use it as ``x = block(x)``, or ``block.run(x, n_steps)`` for the recurrent model; never
     ``x + block(norm(x))``.
 
-    The authors' released code differs in five places; each is an option here, off by default
-    (``cemlib/README_nrgpt.md``, "The authors' setup"): ``ff="ff2"``, ``learn_ff_scale``,
-    ``rate_init="normal"``, ``attn_dropout`` and ``learn_alpha=False``.
+    The authors' released code differs in five places; each is an option here, off by default:
+    ``ff="ff2"``, ``learn_ff_scale``, ``rate_init="normal"``, ``attn_dropout`` and
+    ``learn_alpha=False``.
 
     :param d_model: the width ``D``.
     :param n_heads: heads ``H`` (one full ``D x D`` ``J_h`` per head, App. D).

@@ -55,7 +55,9 @@ class Preconditioner(nn.Module):
     :param rank: the rank ``R`` of ``U`` and ``V`` (``"dplr"`` only).
     :param n_heads: ``None`` for one ``P``; ``K`` for a stack of per-head ``P_k``.
     :param safeguard: shrink the negative part so that ``P`` is positive definite (cemlib's
-        option, see the module docstring).
+        option, not the paper's: ``P_safe = S + A A^T / 2 - c B B^T / 2``, ``A = U + V``,
+        ``B = U - V``, ``S = diag(softplus d)``, with the largest ``c <= 1`` that guarantees
+        ``lambda_min(P_safe) >= delta min_i s_i``).
     :param delta: the safeguard's margin, ``lambda_min(P) >= delta min_i s_i``, in (0, 1).
     """
 

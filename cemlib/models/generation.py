@@ -70,8 +70,8 @@ def generate(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, *, 
              top_k: int | None = None, seed: int | None = None) -> torch.Tensor:
     """``idx`` (B, L) followed by ``max_new_tokens`` sampled tokens: a LongTensor (B, L + n).
 
-    ``model`` maps ``idx`` to logits (B, L, V) causally and has ``context_length`` and
-    ``vocab_size`` (see the module docstring). Only the last ``context_length`` tokens are fed at
+    ``model`` maps ``idx`` to logits (B, L, V) causally and has the attributes ``context_length``
+    and ``vocab_size`` (every cemlib language model has them). Only the last ``context_length`` tokens are fed at
     each step. ``temperature=0`` is greedy decoding; ``top_k`` keeps the ``top_k`` most likely tokens
     (``top_k=1`` is greedy too); ``seed`` makes the draws reproducible (a generator on ``idx``'s
     device; the global random state is not touched). A 1-D ``idx`` (one prompt) gives a 1-D result.

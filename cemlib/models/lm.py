@@ -242,6 +242,7 @@ class LanguageModel(GenerationMixin, nn.Module):
         return self.tok_emb.weight if self.lm_head is None else self.lm_head
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, L, vocab_size) for token ids ``idx`` (B, L), ``L <= context_length``."""
         cfg = self.config
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
             raise TypeError(f"idx must be an integer tensor (B, L), got "

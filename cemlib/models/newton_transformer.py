@@ -94,8 +94,8 @@ class NewtonTransformer(GenerationMixin, nn.Module):
     (:func:`cemlib.models.generation.generate`).
 
     Each block is pre-LayerNorm: ``x = x + attention update of LN(x)`` then ``x = x + MLP(LN(x))``;
-    for ``attn="mha2nd1st"`` the update is the Newton layer's stepped state minus its input (see
-    the module docstring).
+    for ``attn="mha2nd1st"`` the update is the Newton layer's stepped state minus its input,
+    computed by :func:`causal_mha2nd1st_update`.
 
     :param vocab_size: token ids ``0 .. vocab_size - 1``.
     :param block_size: the longest sequence (sinusoidal positions).
