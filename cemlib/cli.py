@@ -30,9 +30,16 @@ Each command has its own --help (cemlib train --help, cemlib generate --help).
 `python -m cemlib.train` and `python -m cemlib.generate` are the same commands.
 
 examples:
-  cemlib train --list                                  # experiments and their presets
-  cemlib train --experiment shakespeare-llama --preset cpu --set train.max_steps=300
-  cemlib generate --checkpoint RUN_FOLDER --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --seed 0
+  cemlib train --list                                      # experiments and their presets
+  cemlib train --experiment shakespeare-llama --preset cpu # a character-level model, ~1 min on a CPU
+  cemlib train --resume RUN_FOLDER                         # continue a run stopped with Ctrl-C
+  cemlib train --experiment shakespeare-llama --preset cpu --set data.path=my_text.txt
+  cemlib generate --checkpoint RUN_FOLDER --prompt "ROMEO:" --max-new-tokens 200 \
+      --temperature 0.8 --top-k 40 --seed 0
+
+A run writes results.json (config, metrics, curves, device, the command that reproduces it) and
+its checkpoints into one folder, by default under runs/ (named by the experiment, the preset and
+the configuration); the last line it prints names the folder.
 
 exit status: 0 success; 2 a wrong input (one line "error: ..."); 1 NaN/Inf in training;
 128 + the signal number when training was stopped by a signal after saving a checkpoint (130 for
