@@ -113,14 +113,8 @@ class ParallelGPTBlock(nn.Module):
     """GPT-J-style parallel block, eq. (5): ``x + AT(LN x) + FF(LN x)`` with one shared LayerNorm.
 
     ``forward(x)`` returns the block's output stream (B, L, D), residual and norm inside: stack it
-    as ``x = block(x)``. The options are :class:`GPTBlock`'s.
-
-    :param d_model: the width ``D``.
-    :param n_heads: attention heads.
-    :param ff_hidden: the MLP hidden width (default ``4 D``).
-    :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
-    :param dropout: dropout in attention and MLP, in training mode.
-    :param bias: biases on every linear map.
+    as ``x = block(x)``. The options ``d_model``, ``n_heads``, ``ff_hidden``, ``act``,
+    ``dropout`` and ``bias`` are :class:`GPTBlock`'s.
     """
 
     def __init__(self, d_model: int, n_heads: int, ff_hidden: int | None = None, act: str = "relu",

@@ -48,16 +48,12 @@ __all__ = ["Att2nd", "Att2nd1st", "MHA2nd", "MHA2nd1st", "neumann_truncation_err
 class Att2nd(_SingleHeadStep):
     """Eq. (10): the Newton step on the elastic ``F*`` (``W = W_Q^T W_K``).
 
-    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
-    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
-    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
-    block add its *update*, not its output:
-    ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
 
-    :param d: the width ``d``.
-    :param T: the temperature ``T`` (> 0).
-    :param eta: the step size (finite, >= 0).
+    Options ``d`` (width), ``T`` (temperature > 0) and ``eta`` (step size >= 0), as
+    :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`'s.
     """
 
     def energy(self, z, h=None, mask=None):
@@ -92,12 +88,9 @@ class Att2nd(_SingleHeadStep):
 class Att2nd1st(Att2nd):
     """§3, Att2nd1st: ``(1 - eta) z + eta h_bar - (eta/T) sum_i p_i d_i d_i^T (z - h_bar)`` in ``O(N d)``.
 
-    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
-    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
-    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
-    block add its *update*, not its output:
-    ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
 
     The options are :class:`Att2nd`'s (``d``, ``T``, ``eta``).
     """
@@ -172,12 +165,9 @@ def _cov_times(p, k, kbar, u):
 class MHA2nd(_MultiHeadFreeEnergy):
     """Eq. (25)/(28): per-subspace Newton with the range-space pseudo-inverse.
 
-    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
-    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
-    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
-    block add its *update*, not its output:
-    ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
 
     :param d: the width ``d``.
     :param n_heads: heads ``H`` (``d`` divisible by ``H``; ``d_h = d / H``).
@@ -209,12 +199,9 @@ class MHA2nd(_MultiHeadFreeEnergy):
 class MHA2nd1st(_MultiHeadFreeEnergy):
     """§4 / A.8 (eqs. 30-31): first-order Newton attention with output matrices ``W_O,h``.
 
-    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
-    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
-    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
-    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
-    block add its *update*, not its output:
-    ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
     :class:`~cemlib.models.newton_transformer.NewtonTransformer` does exactly that, with the same
     numbers computed by matrix products (:func:`~cemlib.models.newton_transformer.causal_mha2nd1st_update`).
 

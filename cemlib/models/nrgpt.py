@@ -137,19 +137,13 @@ class RecurrentGPTModel(_CausalTokenModel):
 
     ``forward(idx)`` (B, L) returns logits (B, L, n_outputs).
 
-    :param vocab_size: token ids ``0 .. vocab_size - 1``.
-    :param block_size: the longest sequence (learned positions).
-    :param d_model: the width ``D``.
-    :param n_heads: attention heads.
+    ``vocab_size``, ``block_size``, ``d_model``, ``n_heads``, ``n_outputs``, ``dropout``,
+    ``tie_embeddings`` and ``head_bias`` are :class:`NRGPTModel`'s options.
+
     :param n_steps: applications of the block.
-    :param n_outputs: logits per position (default ``vocab_size``; a classifier reads the ones it
-        needs; ``generate`` needs the default).
-    :param dropout: dropout on the embeddings (and, for the GPT baselines, in the blocks).
-    :param tie_embeddings: use the token embedding as the output head.
     :param ff_hidden: the MLP hidden width (default ``4 D``).
     :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
     :param block: ``"parallel"`` or ``"sequential"``.
-    :param head_bias: a zero-initialised bias on the output head (the authors' ``lm_head``).
     """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
@@ -170,18 +164,12 @@ class GPTModel(_CausalTokenModel):
 
     ``forward(idx)`` (B, L) returns logits (B, L, n_outputs).
 
-    :param vocab_size: token ids ``0 .. vocab_size - 1``.
-    :param block_size: the longest sequence (learned positions).
-    :param d_model: the width ``D``.
-    :param n_heads: attention heads.
+    ``vocab_size``, ``block_size``, ``d_model``, ``n_heads``, ``n_outputs``, ``dropout``,
+    ``tie_embeddings`` and ``head_bias`` are :class:`NRGPTModel`'s options.
+
     :param n_layers: blocks (:class:`~cemlib.layers.gpt.GPTBlock`).
-    :param n_outputs: logits per position (default ``vocab_size``; a classifier reads the ones it
-        needs; ``generate`` needs the default).
-    :param dropout: dropout on the embeddings (and, for the GPT baselines, in the blocks).
-    :param tie_embeddings: use the token embedding as the output head.
     :param ff_hidden: the MLP hidden width (default ``4 D``).
     :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
-    :param head_bias: a zero-initialised bias on the output head (the authors' ``lm_head``).
     """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
