@@ -8,6 +8,7 @@ arguments after the subcommand are passed on unchanged, and so is the exit statu
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 __all__ = ["main", "COMMANDS"]
@@ -66,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}; choose one of: {', '.join(COMMANDS)} (cemlib --help)",
               file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return module.main(rest)
+    run = importlib.import_module(COMMANDS[name][0]).main
+    if "prog" in inspect.signature(run).parameters:  # so that its --help says "cemlib <name>"
+        return run(rest, prog=f"cemlib {name}")
+    return run(rest)
 
 
 if __name__ == "__main__":

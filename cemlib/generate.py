@@ -1,6 +1,6 @@
 """Sample text from a trained language model: ``cemlib generate`` (or ``python -m cemlib.generate``).
 
-    cemlib generate --checkpoint runs/shakespeare-llama-cpu --prompt "ROMEO:" \\
+    cemlib generate --checkpoint RUN_FOLDER --prompt "ROMEO:" \\
         --max-new-tokens 200 --temperature 0.8 --top-k 40 --seed 0
 
 ``--checkpoint`` takes a checkpoint file or a run folder (its ``last.pt``, else its newest
@@ -12,21 +12,29 @@ without ``--seed`` a random seed is drawn and printed, so any sample can be draw
 
 Exit status: 0 on success, 2 for a wrong input (a file that is not a checkpoint, a checkpoint of a
 model that does not write text, a prompt with characters outside the vocabulary, a device that is
-not there), with one line ``error: ...``.
+not there), with one line that starts with ``error:``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 __all__ = ["main"]
 
 
+def _plain(text: str) -> str:
+    """The module docstring as plain text for ``--help`` (no reST markup)."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
-                                epilog="\n".join(__doc__.splitlines()[1:]),
+    doc = _plain(__doc__)
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0],
+                                epilog="\n".join(doc.splitlines()[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, metavar="PATH_OR_RUN_DIR",
                    help="a checkpoint file (last.pt, ckpt_<step>.pt) or a run folder")

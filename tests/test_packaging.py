@@ -104,6 +104,9 @@ def test_cemlib_command_dispatches_to_train_and_generate(capsys, tmp_path):
     assert cli_main(["generate", "--checkpoint", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
     assert cli_main(["--version"]) == 0 and capsys.readouterr().out.startswith("cemlib ")
+    with pytest.raises(SystemExit) as done:
+        cli_main(["generate", "--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: cemlib generate ")
 
 
 def _build_wheel(dest: Path) -> Path:
