@@ -15,8 +15,9 @@ narrow one in the register tiles, and with the default CEM layer's wide shared d
 shared-logits path), forward and backward; the tied gated-MLP step forward and backward (v1) and
 the v2 step's two element-wise kernels; the DPLR preconditioner; in bf16, fp16 and fp32.
 
-Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--out FILE]``
-(``--quick``: bf16 only). Relies on Triton internals (``JITFunction.run(warmup=True)``,
+Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--out FILE | --replace]``
+(``--quick``: bf16 only; the stored ``results/compile_kernels.json`` is kept unless ``--replace``:
+by default a new file is written beside it, see ``benchmarks/outputs.py``). Relies on Triton internals (``JITFunction.run(warmup=True)``,
 ``triton.runtime.driver``), checked on Triton 3.9.
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -42,6 +42,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_triton as ta  # noqa: E402
+from outputs import RESULTS, add_output_arguments, announce, write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -224,8 +225,10 @@ def main(argv=None):
     p.add_argument("--arch", type=int, nargs="+", default=[90, 80],
                    help="compute capabilities, e.g. 90 (H100/H200) 80 (A100)")
     p.add_argument("--quick", action="store_true", help="bf16 only")
-    p.add_argument("--out", help="JSON path (default: benchmarks/results/compile_kernels.json)")
+    add_output_arguments(p, "benchmarks/results/compile_kernels.json")
     args = p.parse_args(argv)
+    default = RESULTS / "compile_kernels.json"
+    announce(default, args.out, args.replace)
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16, torch.float32]
     t0 = time.perf_counter()
     records = compile_all(args.arch, dtypes)
@@ -252,12 +255,9 @@ def main(argv=None):
                      total_compile_s=round(time.perf_counter() - t0, 1)),
         records=records)
     payload["mlp_v2_elementwise"] = mlp_v2_elementwise(args.arch, dtypes)
-    out = args.out or os.path.join(HERE, "results", "compile_kernels.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(payload, f, indent=1)
     print(f"{len(records)} kernels compiled in {payload['summary']['total_compile_s']} s; "
-          f"spilling: {payload['summary']['spilling'] or 'none'}; wrote {os.path.relpath(out)}")
+          f"spilling: {payload['summary']['spilling'] or 'none'}")
+    write_json(payload, default, args.out, args.replace)
     return payload
 
 

@@ -24,20 +24,21 @@ and attention product, whatever the model's weight sharing; elementwise work is 
 The goals (issue "the model code's speed on CPU"): Llama >= 1.0x the GPT's tokens/s; full CEM with
 T = 1 >= 0.9x Llama; T = 2 >= 0.55x Llama. The JSON records each ratio next to its goal::
 
-    python benchmarks/cpu_speed.py                      # -> benchmarks/results/cpu_speed.json
-    python benchmarks/cpu_speed.py --rounds 3 --steps 3 --out /tmp/quick.json
-    python benchmarks/cpu_speed.py --suite bench-listops # -> benchmarks/results/cpu_speed_bench_listops.json
+    python benchmarks/cpu_speed.py --replace            # -> benchmarks/results/cpu_speed.json
+    python benchmarks/cpu_speed.py --rounds 3 --steps 3 --out quick.json
+    python benchmarks/cpu_speed.py --suite bench-listops # -> benchmarks/results/cpu_speed_bench_listops-<time>.json
+
+Without ``--replace`` or ``--out`` a stored results file is never overwritten: the run goes to a new
+file beside it (``benchmarks/outputs.py``), and the script says where.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -46,6 +47,7 @@ from cemlib.train.experiments import BENCH_MODELS, BENCH_WIDTHS, bench_experimen
 from cemlib.train.flops import counted_flops
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
+from outputs import RESULTS, add_output_arguments, announce, write_json
 
 #: (label, experiment, overrides). The GPT is nanoGPT's layout at the Llama's size: fused QKV
 #: projection, LayerNorm with bias, GELU MLP of width 4d, learned positions.
@@ -150,15 +152,15 @@ def run(keys, rounds: int, steps: int, warmup: int, threads: int, suite: str = "
 
 
 def _without_out(args: list[str]) -> list[str]:
-    """The arguments without ``--out PATH`` (where the file went is not part of the measurement,
-    and may be a path of the machine)."""
+    """The arguments without ``--out PATH`` and ``--replace`` (where the file went is not part of
+    the measurement, and may be a path of the machine)."""
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
         elif a == "--out":
             skip = True
-        elif not a.startswith("--out="):
+        elif not a.startswith("--out=") and a != "--replace":
             out.append(a)
     return out
 
@@ -176,8 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per model first (default 3)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1, as the book's chapters)")
-    p.add_argument("--out", default=None, help="output JSON (default benchmarks/results/cpu_speed.json, "
-                                               "or cpu_speed_<suite>.json for a benchmark suite)")
+    add_output_arguments(p, "benchmarks/results/cpu_speed.json, or cpu_speed_<suite>.json for a "
+                            "benchmark suite")
     a = p.parse_args(argv)
     variants, default, _ = SUITES[a.suite]
     keys = list(variants) if a.all else list(a.variants or default)
@@ -187,9 +189,9 @@ def main(argv=None) -> int:
                 f"{', '.join(variants)}")
     if "llama" not in keys:
         keys = ["llama"] + keys
-    if a.out is None:
-        a.out = "benchmarks/results/cpu_speed" + ("" if a.suite == "shakespeare" else
-                                                  "_" + a.suite.replace("-", "_")) + ".json"
+    default = RESULTS / ("cpu_speed" + ("" if a.suite == "shakespeare" else "_" + a.suite.replace("-", "_"))
+                         + ".json")
+    announce(default, a.out, a.replace)
     t0 = time.time()
     res = run(keys, a.rounds, a.steps, a.warmup, a.threads, a.suite)
     device, versions = environment_info(torch.device("cpu"))
@@ -198,8 +200,7 @@ def main(argv=None) -> int:
            "rounds": a.rounds, "steps_per_round": a.steps, "warmup": a.warmup,
            "command": "python benchmarks/cpu_speed.py " + shlex.join(_without_out(sys.argv[1:] if argv is None else argv)),
            "wall_time_s": time.time() - t0, **res}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(out, default, a.out, a.replace)
     for r in res["rows"]:
         print(f"{r['variant'][:45]:45s} {r['tokens_per_s']:9.0f} tok/s  x{r['ratio_to_llama']:.3f} Llama"
               + (f"  x{r['ratio_to_gpt']:.3f} GPT" if "ratio_to_gpt" in r else "")

@@ -13,13 +13,15 @@ Checkpoints are not kept in the repository (``runs/`` is ignored). A missing one
 training the run again (``python -m cemlib.train --experiment E --preset P --set train.seed=0``,
 bit-identical on CPU to the stored run), so one command reproduces the results file::
 
-    OMP_NUM_THREADS=1 python benchmarks/energy_depth.py          # -> benchmarks/results/energy_depth_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/energy_depth.py --replace   # -> benchmarks/results/energy_depth_cpu.json
+
+Without ``--replace`` (or ``--out PATH``) the stored file is kept and the run goes to a new file
+beside it (``benchmarks/outputs.py``); the script says where.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -32,6 +34,7 @@ from cemlib.train import load_checkpoint, load_results, run_experiment
 from cemlib.train.experiments import BENCH_WIDTHS, bench_experiment, build, get_config
 from cemlib.train.results import environment_info, git_commit
 from cemlib.train.sweep import run_name
+from outputs import RESULTS, add_output_arguments, announce, write_json
 
 SEED = ("train.seed=0",)
 BASELINES = ("llama", "gpt")  # no energy
@@ -97,8 +100,10 @@ def main(argv=None) -> int:
     p.add_argument("--stored", default="book/results", help="folder of the stored benchmark sweeps")
     p.add_argument("--n-inputs", type=int, default=32, help="examples (ListOps) / windows (Shakespeare)")
     p.add_argument("--extend", type=int, default=3, help="weight-shared models: run to this x trained depth")
-    p.add_argument("--out", default=None, help="default benchmarks/results/energy_depth_<preset>.json")
+    add_output_arguments(p, "benchmarks/results/energy_depth_<preset>.json")
     a = p.parse_args(argv)
+    default = RESULTS / f"energy_depth_{a.preset}.json"
+    announce(default, a.out, a.replace)
     torch.set_num_threads(1)
     t0 = time.time()
     tasks = {t: probe(t, a.preset, Path(a.runs), Path(a.stored), a.n_inputs, a.extend) for t in BENCH_WIDTHS}
@@ -109,10 +114,8 @@ def main(argv=None) -> int:
            "command": "python benchmarks/energy_depth.py " + shlex.join(
                ["--preset", a.preset, "--n-inputs", str(a.n_inputs), "--extend", str(a.extend)]),
            "wall_time_s": time.time() - t0, "tasks": tasks}
-    path = Path(a.out or f"benchmarks/results/energy_depth_{a.preset}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {path} in {out['wall_time_s']:.0f} s")
+    write_json(out, default, a.out, a.replace)
+    print(f"in {out['wall_time_s']:.0f} s")
     return 0
 
 

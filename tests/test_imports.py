@@ -59,7 +59,8 @@ def test_public_names_resolve():
 # viz and metrics sit beside models (they draw and measure energies, layers and models).
 LEVELS = {"cemlib.utils": 0, "cemlib.positional": 0, "cemlib.normalization": 0, "cemlib.testing": 0,
           "cemlib.data": 1, "cemlib.energies": 1, "cemlib.kernels": 2, "cemlib.layers": 3,
-          "cemlib.models": 4, "cemlib.metrics": 4, "cemlib.viz": 4, "cemlib.train": 5}
+          "cemlib.models": 4, "cemlib.metrics": 4, "cemlib.viz": 4, "cemlib.train": 5,
+          "cemlib.generate": 6, "cemlib.cli": 6}
 
 
 def _level(module: str) -> int | None:

@@ -51,11 +51,31 @@ def load_text(path: str | Path | None = None, sha256: str = SHA256) -> str:
 
 
 class CharTokenizer:
-    """Character-level tokenizer: one id per distinct character, ids in sorted character order."""
+    """Character-level tokenizer: one id per distinct character, ids in sorted character order.
+
+    ``to_dict()`` is what checkpoints and results files store (``{"kind": "characters", "chars":
+    the vocabulary as one string}``), so a trained model can be decoded without its text;
+    ``CharTokenizer.from_dict`` rebuilds the same ids."""
+
+    KIND = "characters"
 
     def __init__(self, text: str):
         self.chars = sorted(set(text))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    def to_dict(self) -> dict:
+        """``{"kind": "characters", "chars": "<every character, in id order>"}`` (JSON-safe)."""
+        return {"kind": self.KIND, "chars": "".join(self.chars)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CharTokenizer":
+        """The tokenizer :meth:`to_dict` described; raises ``ValueError`` for anything else."""
+        if not isinstance(d, dict) or d.get("kind") != cls.KIND or not isinstance(d.get("chars"), str):
+            raise ValueError(f"not a stored character vocabulary: {d!r:.80}")
+        chars = d["chars"]
+        if not chars or list(chars) != sorted(set(chars)):
+            raise ValueError("a stored character vocabulary must be distinct characters in sorted order")
+        return cls(chars)
 
     @property
     def vocab_size(self) -> int:

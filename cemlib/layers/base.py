@@ -48,7 +48,13 @@ def check_norm_eps(value, name: str = "norm_eps") -> float:
 
 
 class EnergyLayer(nn.Module):
-    """Base class: an energy, its closed-form gradient, and an update step."""
+    """Base class: an energy, its closed-form gradient, and an update step.
+
+    Subclasses implement :meth:`energy` and :meth:`energy_grad` (and ``forward``, the update built
+    from the gradient); :meth:`total_energy` sums the per-token energies. Whether ``forward``
+    returns the updated state (input plus update, the CEM, NRGPT and Hyper-SET layers) or only an
+    update is said by each subclass.
+    """
 
     def energy(self, x: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token energy, shape ``x.shape[:-1]``."""

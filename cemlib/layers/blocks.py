@@ -19,7 +19,16 @@ __all__ = ["Block", "CEMBlock", "LlamaBlock"]
 
 
 class Block(nn.Module):
-    """``mlp_step(attn_step(x))`` for any two stream -> stream modules."""
+    """``mlp_step(attn_step(x))`` for any two stream -> stream modules.
+
+    ``forward(x)`` returns the block's output stream (same shape as ``x``). The two steps carry
+    their own residual connection and normalisation (the pre-norm convention lives inside them:
+    :class:`~cemlib.layers.reuse.ResidualSublayer` for Llama branches, built in for the CEM layers),
+    so a model stacks blocks as ``x = block(x)``.
+
+    :param attn: the attention step, stream -> stream.
+    :param mlp: the MLP step, stream -> stream.
+    """
 
     def __init__(self, attn: nn.Module, mlp: nn.Module):
         super().__init__()
@@ -32,8 +41,18 @@ class Block(nn.Module):
 class CEMBlock(Block):
     """CEM Algorithm 1: ``CEMAttention`` (T_eps steps on eq. 2) then ``CEMMLP`` (T_xi steps on eq. 7).
 
-    ``attn_kwargs`` / ``mlp_kwargs`` are passed to :class:`CEMAttention` / :class:`CEMMLP`.
+    ``forward(x)`` returns ``mlp(attn(x))``, the block's output stream (B, L, D_h): each CEM layer
+    returns its input plus its update and normalises its own query, so this *is* the pre-norm
+    block; stack it as ``x = block(x)``, with no extra residual or norm around it.
     :meth:`energies` reports both energies before and after their sublayer.
+
+    :param d_model: the width ``D_h``.
+    :param n_heads: attention heads ``K``.
+    :param d_v: the CEM MLP width.
+    :param T_attn: recursion steps of the attention (``T_eps``).
+    :param T_mlp: recursion steps of the MLP (``T_xi``).
+    :param attn_kwargs: further options of :class:`~cemlib.layers.cem_attention.CEMAttention`.
+    :param mlp_kwargs: further options of :class:`~cemlib.layers.cem_mlp.CEMMLP`.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_v: int, *, T_attn: int = 1, T_mlp: int = 1,
@@ -52,7 +71,19 @@ class CEMBlock(Block):
 
 class LlamaBlock(Block):
     """Pre-norm Llama block: ``x + Attn(RMSNorm(x))`` then ``x + SwiGLU(RMSNorm(x))``; with
-    ``reuse_attn`` / ``reuse_mlp`` > 1 each residual sublayer is applied that many times."""
+    ``reuse_attn`` / ``reuse_mlp`` > 1 each residual sublayer is applied that many times.
+
+    ``forward(x)`` returns the block's output stream (B, L, D_h); stack it as ``x = block(x)``.
+
+    :param d_model: the width ``D_h``.
+    :param n_heads: attention heads.
+    :param d_ff: the SwiGLU hidden width.
+    :param pos: positions of the attention, ``"rope"``, ``"alibi"`` or ``"none"``.
+    :param reuse_attn: applications of the attention sublayer (plain layer reuse).
+    :param reuse_mlp: applications of the MLP sublayer.
+    :param norm_eps: the RMSNorms' epsilon.
+    :param init_std: standard deviation of the initial weights.
+    """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *, pos: str = "rope",
                  reuse_attn: int = 1, reuse_mlp: int = 1, norm_eps: float = 1e-6,

@@ -77,6 +77,43 @@ class CEMAttention(EnergyLayer):
     ``forward(x)`` maps the residual stream (B, L, D_h) to ``x^(T)`` (the residual is part of the
     update). ``energy(x, h)`` / ``energy_grad(x, h)``: per-token ``eps(N(x) | RMSNorm(h))`` and its
     exact gradient in x (``N`` = RMSNorm if ``query_norm`` else identity); ``h`` defaults to ``x``.
+
+    .. important::
+       ``forward`` returns the **updated stream** ``x^(T) = x + update``, not an update, and it
+       normalises its context and its query itself (its own RMSNorm). It replaces a whole pre-norm
+       attention sublayer ``x + Attn(RMSNorm(x))``:
+
+       - right: ``x = attn(x)`` (then ``x = mlp(x)`` with :class:`~cemlib.layers.cem_mlp.CEMMLP`);
+       - wrong: ``x = x + attn(norm(x))``, which adds the stream twice and normalises twice.
+
+       At T = 1 it is one pre-norm sublayer of tied attention, ``x + MHA(RMSNorm(x))`` with
+       ``K = V`` and ``Q = O`` (plus the diagonal value path and the learned biases).
+       For dropout on its update use
+       :class:`~cemlib.layers.reuse.IncrementDropout`.
+
+    :param d_model: the width ``D_h`` of the stream.
+    :param n_heads: heads ``K``.
+    :param head_dim: per-head width ``D_r`` (default ``D_h / K``).
+    :param T: recursion steps (eq. 16); the context stays fixed, only the query moves.
+    :param eta: the step size (finite, >= 0).
+    :param learn_eta: make ``eta`` a learned parameter.
+    :param tau: the softmax temperature, ``"head"`` (``sqrt(D_r)``), ``"model"`` (``sqrt(D_h)``)
+        or a positive number.
+    :param diag: the diagonal of the key-query interaction, ``"shared"`` (one per layer, the
+        paper's proposal, zero-initialised), ``"per_head"`` or ``"none"``.
+    :param diag_grad: ``"exact"`` (the gradient of the energy) or ``"paper"`` (Algorithm 1, which
+        omits the diagonal's value path).
+    :param alibi: ALiBi distance penalties ``-m_k |i - j|``.
+    :param self_cross_bias: learned per-head biases for a token attending to itself and to others.
+    :param query_norm: RMS-normalise the query inside the recursion (Algorithm 1); ``False`` makes
+        the update an exact gradient step.
+    :param preconditioner: per-head ``P_k``: ``"none"``, ``"diag"`` or ``"dplr"`` (eqs. 13-14).
+    :param precond_rank: rank of the ``"dplr"`` preconditioner.
+    :param precond_safeguard: keep ``P_k`` positive definite (cemlib's safeguard,
+        :class:`~cemlib.layers.precondition.Preconditioner`).
+    :param norm_eps: the RMSNorm's epsilon.
+    :param init_std: standard deviation of the initial ``W_Q``, ``W_K``.
+    :param check_finite: reject NaN/Inf input with a clear error (one device sync per call).
     """
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *, T: int = 1,

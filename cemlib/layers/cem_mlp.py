@@ -41,6 +41,37 @@ class CEMMLP(EnergyLayer):
 
     ``forward(x)`` maps (..., D_h) to ``x^(T)``; ``energy(x, h)`` is ``xi(N(x) | gamma(h))`` per
     token and ``energy_grad(x, h)`` its exact closed-form gradient (``h`` defaults to ``x``).
+
+    .. important::
+       ``forward`` returns the **updated stream** ``x^(T) = x + update``, not an update, and it
+       normalises its input itself (its own RMSNorm, for ``gamma`` and for the query). It replaces
+       a whole pre-norm MLP sublayer ``x + MLP(RMSNorm(x))``:
+
+       - right: ``x = mlp(x)``;
+       - wrong: ``x = x + mlp(norm(x))`` (the usual way to call an MLP), which adds the stream
+         twice and normalises twice; it runs without an error and trains a different model.
+
+       At T = 1 with ``P = I`` and ``eta = 1`` it equals the pre-norm tied gated MLP
+       ``x + V^T (W RMSNorm(x) * SiLU(V RMSNorm(x)))``. For dropout on its update use
+       :class:`~cemlib.layers.reuse.IncrementDropout`.
+
+    :param d_model: the width ``D_h`` of the stream.
+    :param d_v: the hidden width (rows of ``V`` and ``W``); ``1.5 x`` a SwiGLU's ``d_ff`` matches
+        its parameter count.
+    :param T: recursion steps (eq. 17); ``gamma`` stays fixed, only the query moves.
+    :param eta: the step size (finite, >= 0).
+    :param learn_eta: make ``eta`` a learned parameter.
+    :param phi: the element-wise potential, ``"silu"``, ``"gelu"`` or ``"relu2"`` (``phi'`` is
+        SiLU, the gated MLP, GELU or ReLU; :func:`cemlib.energies.phi.get_phi`).
+    :param variant: ``"standard"`` (eq. 7) or ``"sign"`` (Appendix C, a different layer).
+    :param query_norm: RMS-normalise the query inside the recursion; ``False`` makes the update an
+        exact gradient step.
+    :param preconditioner: ``P_mlp``: ``"none"``, ``"diag"`` or ``"dplr"`` (eqs. 13, 15).
+    :param precond_rank: rank of the ``"dplr"`` preconditioner.
+    :param precond_safeguard: keep ``P_mlp`` positive definite (cemlib's safeguard).
+    :param norm_eps: the RMSNorm's epsilon.
+    :param init_std: standard deviation of the initial ``V``, ``W``.
+    :param check_finite: reject NaN/Inf input with a clear error (one device sync per call).
     """
 
     def __init__(self, d_model: int, d_v: int, *, T: int = 1, eta: float = 1.0,

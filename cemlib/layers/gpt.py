@@ -24,7 +24,16 @@ __all__ = ["CausalSelfAttention", "MLP", "GPTBlock", "ParallelGPTBlock", "Recurr
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal softmax attention, eq. (9): ``sum_h W^P_h^T V_h SM(K_h^T Q_Ah)``, scale
-    ``1/sqrt(D/H)``, self-inclusive causal mask."""
+    ``1/sqrt(D/H)``, self-inclusive causal mask.
+
+    ``forward(x)`` takes the normalised stream (B, L, D) and returns only the attention output
+    (B, L, D), the residual branch: ``x = x + attn(ln(x))`` in a pre-norm block (:class:`GPTBlock`).
+
+    :param d_model: the width ``D``.
+    :param n_heads: heads ``H`` (``D`` divisible by ``H``).
+    :param dropout: dropout on the attention weights and on the output, in training mode.
+    :param bias: biases on the fused ``qkv`` and output projections.
+    """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -46,7 +55,17 @@ class CausalSelfAttention(nn.Module):
 
 class MLP(nn.Module):
     """``W2^T sigma(W1 g)`` (with biases), hidden width ``ff_hidden`` (default 4D); ReLU as in the
-    authors' baselines, or GELU."""
+    authors' baselines, or GELU.
+
+    ``forward(x)`` returns only the MLP output (same shape as ``x``), the residual branch:
+    ``x = x + mlp(ln(x))`` in a pre-norm block.
+
+    :param d_model: the width ``D``.
+    :param ff_hidden: the hidden width (default ``4 D``).
+    :param act: ``"relu"`` or ``"gelu"``.
+    :param dropout: dropout on the output, in training mode.
+    :param bias: biases on both linear maps.
+    """
 
     def __init__(self, d_model: int, ff_hidden: int | None = None, act: str = "relu",
                  dropout: float = 0.0, bias: bool = True):
@@ -64,7 +83,19 @@ class MLP(nn.Module):
 
 
 class GPTBlock(nn.Module):
-    """Sequential pre-LN GPT-2 block (the corrected eq. 4)."""
+    """Sequential pre-LN GPT-2 block (the corrected eq. 4).
+
+    ``forward(x)`` returns the block's output stream ``x' + MLP(LN2 x')`` with
+    ``x' = x + Attn(LN1 x)`` (B, L, D): the residuals and norms are inside, stack it as
+    ``x = block(x)``.
+
+    :param d_model: the width ``D``.
+    :param n_heads: attention heads.
+    :param ff_hidden: the MLP hidden width (default ``4 D``).
+    :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
+    :param dropout: dropout in attention and MLP, in training mode.
+    :param bias: biases on every linear map.
+    """
 
     def __init__(self, d_model: int, n_heads: int, ff_hidden: int | None = None, act: str = "relu",
                  dropout: float = 0.0, bias: bool = True):
@@ -79,7 +110,12 @@ class GPTBlock(nn.Module):
 
 
 class ParallelGPTBlock(nn.Module):
-    """GPT-J-style parallel block, eq. (5): ``x + AT(LN x) + FF(LN x)`` with one shared LayerNorm."""
+    """GPT-J-style parallel block, eq. (5): ``x + AT(LN x) + FF(LN x)`` with one shared LayerNorm.
+
+    ``forward(x)`` returns the block's output stream (B, L, D), residual and norm inside: stack it
+    as ``x = block(x)``. The options ``d_model``, ``n_heads``, ``ff_hidden``, ``act``,
+    ``dropout`` and ``bias`` are :class:`GPTBlock`'s.
+    """
 
     def __init__(self, d_model: int, n_heads: int, ff_hidden: int | None = None, act: str = "relu",
                  dropout: float = 0.0, bias: bool = True):
@@ -99,7 +135,18 @@ RECURRENT_BLOCKS = {"parallel": ParallelGPTBlock, "sequential": GPTBlock}
 class RecurrentGPT(nn.Module):
     """One block applied ``n_steps`` times with shared weights: ``block="parallel"`` is a
     :class:`ParallelGPTBlock` (the authors' ``GPT_Rec_parallel``, the paper's baseline),
-    ``"sequential"`` a :class:`GPTBlock` (their ``GPT_Rec``, "RGPT")."""
+    ``"sequential"`` a :class:`GPTBlock` (their ``GPT_Rec``, "RGPT").
+
+    ``forward(x, n_steps=None)`` returns the stream after ``n_steps`` applications (default: the
+    constructor's), same shape as ``x``; residuals and norms are inside the block: use it as
+    ``x = rgpt(x)``.
+
+    :param d_model: the width ``D``.
+    :param n_heads: attention heads.
+    :param n_steps: applications of the block (>= 1).
+    :param block: ``"parallel"`` or ``"sequential"``.
+    :param block_kwargs: further options of the block (``ff_hidden``, ``act``, ``dropout``, ``bias``).
+    """
 
     def __init__(self, d_model: int, n_heads: int, n_steps: int, block: str = "parallel", **block_kwargs):
         super().__init__()

@@ -73,7 +73,21 @@ class _SingleHeadStep(EnergyLayer):
 
 
 class SoftmaxAttentionStep(_SingleHeadStep):
-    """Eq. (1) with tied ``W_V``: one GD step on ``F~*`` (Theorem 1 corrected: ``W_V = eta W``)."""
+    """Eq. (1) with tied ``W_V``: one GD step on ``F~*`` (Theorem 1 corrected: ``W_V = eta W``).
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (same shape as ``z``: ``z``
+    plus the step), for tokens ``z`` (..., d) attending to ``h`` (..., N, d) where ``mask``
+    (bool, (..., N)) allows it; a causal sequence ``X`` (B, L, d) is ``step(X, X.unsqueeze(-3),
+    causal)`` with ``causal = torch.ones(L, L, dtype=torch.bool).tril()``. In a standard pre-norm
+    block add its *update*, not its output:
+    ``g = norm(x); x = x + (step(g, g.unsqueeze(-3), causal) - g)``.
+
+    :param d: the width ``d``.
+    :param T: the temperature ``T`` (> 0).
+    :param eta: the step size (finite, >= 0).
+    :param tying: ``"corrected"`` (``W_V = eta W``) or ``"paper"`` (Theorem 1 as printed,
+        ``W_V = eta T W``: a step off by the factor ``T``).
+    """
 
     def __init__(self, d: int, T: float = 1.0, eta: float = 1.0, tying: str = "corrected"):
         super().__init__(d, T, eta)
@@ -108,7 +122,15 @@ class SoftmaxAttentionStep(_SingleHeadStep):
 
 
 class MeanShiftAttentionStep(_SingleHeadStep):
-    """Eq. (8): GD on the elastic ``F*``, ``z - eta (z - h_bar) = (1 - eta) z + eta h_bar``."""
+    """Eq. (8): GD on the elastic ``F*``, ``z - eta (z - h_bar) = (1 - eta) z + eta h_bar``.
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
+
+    Options ``d`` (width), ``T`` (temperature > 0) and ``eta`` (step size >= 0), as
+    :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`'s.
+    """
 
     def energy(self, z, h=None, mask=None):
         return fe.elastic_free_energy(z, h, self.W, self.T, mask)
@@ -129,6 +151,13 @@ class LinearAttentionStep(_SingleHeadStep):
 
     The energy is a concave quadratic (unbounded below), so only the single step is meaningful;
     iterating it makes ``||z||`` grow without bound.
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
+
+    Options ``d`` (width), ``T`` (temperature > 0) and ``eta`` (step size >= 0), as
+    :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`'s.
     """
 
     @property

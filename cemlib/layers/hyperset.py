@@ -82,7 +82,25 @@ def qkv_update(kind: str, Q, K, V, beta=None):
 
 
 class SubspaceAttention(EnergyLayer):
-    """Symmetric tied attention over ``H`` subspaces ``W_h (d, p)``; ``kind`` picks the energy."""
+    """Symmetric tied attention over ``H`` subspaces ``W_h (d, p)``; ``kind`` picks the energy.
+
+    ``forward(x, alpha=1.0, W=None)`` returns the **stepped tokens** ``x + alpha * direction``
+    (..., N, d), not an update; the projections are RMS-normalised inside (``normalize``). It
+    replaces a whole pre-norm attention sublayer: ``x = attn(x, alpha)``, never
+    ``x + attn(norm(x))``. The attention is bidirectional (no causal mask).
+
+    :param d: the token width ``d``.
+    :param n_heads: subspaces ``H``.
+    :param head_dim: the subspace width ``p`` (default ``d / H``).
+    :param normalize: RMS-normalise the projections ``W_h^T x`` (the paper's layer; ``False``
+        makes the step exactly ``-alpha grad E_ATTN``).
+    :param beta: the inverse temperature of the scores (default ``1/sqrt(p)``).
+    :param eps: the RMSNorm's epsilon.
+    :param qkv_gain: learnable RMSNorm gains: ``"none"``, ``"shared"`` (one for Q, K and V) or
+        ``"separate"`` (the authors' image models; the score stays symmetric, but the update is
+        a gradient only if the value gain equals the product of the query and key gains, which
+        nothing enforces).
+    """
 
     kind = "bisoftmax"
 
@@ -146,13 +164,29 @@ class SubspaceAttention(EnergyLayer):
 
 
 class BiSoftmaxAttention(SubspaceAttention):
-    """Eq. (9): row softmax + column softmax of the symmetric score (the default attention)."""
+    """Eq. (9): row softmax + column softmax of the symmetric score (the default attention).
+
+    ``forward(x, alpha)`` returns the stepped tokens (use as ``x = attn(x, alpha)``); the options
+    are :class:`SubspaceAttention`'s.
+    """
 
     kind = "bisoftmax"
 
 
 class TiedFeedForward(EnergyLayer):
-    """Tied feed-forward ``x - gamma * D [grad_U E](RMSNorm(D^T x))``; ``kind`` picks the energy."""
+    """Tied feed-forward ``x - gamma * D [grad_U E](RMSNorm(D^T x))``; ``kind`` picks the energy.
+
+    ``forward(x, gamma=1.0, D=None)`` returns the **stepped tokens** ``x + gamma * direction``
+    (..., N, d), not an update, with the hidden layer RMS-normalised inside. It replaces a whole
+    pre-norm MLP sublayer: ``x = ff(x, gamma)``, never ``x + ff(norm(x))``.
+
+    :param d: the token width ``d``.
+    :param ff_dim: the hidden width ``M`` (default ``d``).
+    :param normalize: RMS-normalise the hidden layer ``D^T x`` (the paper's layer; ``False`` makes
+        the step exactly ``-gamma grad E_FF``).
+    :param eps: the RMSNorm's epsilon.
+    :param gain: a learnable gain on the hidden RMSNorm (the authors' code).
+    """
 
     kind = "relu"
 
@@ -202,7 +236,11 @@ class TiedFeedForward(EnergyLayer):
 
 
 class TiedReLUFeedForward(TiedFeedForward):
-    """Eqs. (10)-(11): ``D ReLU(RMSNorm(D^T x))`` with up = ``D^T`` and down = ``D``."""
+    """Eqs. (10)-(11): ``D ReLU(RMSNorm(D^T x))`` with up = ``D^T`` and down = ``D``.
+
+    ``forward(x, gamma)`` returns the stepped tokens (use as ``x = ff(x, gamma)``); the options are
+    :class:`TiedFeedForward`'s.
+    """
 
     kind = "relu"
 
@@ -239,10 +277,17 @@ class StepSizeNet(nn.Module):
     ``(alpha_t, gamma_t) = Linear_{d->2d}(GELU(TimeMLP(emb(t)) + RMSNorm(c)))``,
     ``c`` = ``x(0)`` (or ``x(t)``); the last Linear is zero-initialised (ReZero).
 
-    Options for the released code's Sudoku model (defaults: cemlib's choices): ``time_embedding=
-    "authors"`` (its frequency spacing and ``[sin, cos]`` order, and ``t`` counted from 1);
-    ``cond_norm=False`` (the condition enters raw, not RMS-normalised); ``zero_time_mlp=True``
-    (the TimeMLP's Linears are zero-initialised too)."""
+    ``forward(t, cond)`` returns the per-token, per-channel step sizes ``(alpha, gamma)``, each of
+    ``cond``'s shape; it is not a sublayer (:class:`HyperSETLayer` calls it).
+
+    :param d: the token width ``d``.
+    :param freq_dim: the width of the sinusoidal embedding of ``t``.
+    :param time_embedding: ``"cemlib"`` or ``"authors"`` (the released Sudoku model's frequency
+        spacing and ``[sin, cos]`` order, and ``t`` counted from 1).
+    :param cond_norm: RMS-normalise the condition (``False``: it enters raw, as in the released
+        Sudoku model).
+    :param zero_time_mlp: zero-initialise the TimeMLP's Linears too (the released Sudoku model).
+    """
 
     def __init__(self, d: int, freq_dim: int = 512, time_embedding: str = "cemlib",
                  cond_norm: bool = True, zero_time_mlp: bool = False):
@@ -276,11 +321,21 @@ class StepSizeNet(nn.Module):
 class HyperSETLayer(nn.Module):
     """One Hyper-SET iteration: attention step (eq. 9), then feed-forward step (eq. 11).
 
-    ``step_size=None`` learns ``alpha_t, gamma_t`` with :class:`StepSizeNet`; a number fixes
-    ``alpha = gamma = step_size`` (Table 4's ablation). ``condition`` is ``"x0"`` (Sudoku, MIM) or
-    ``"xt"`` (classification). ``lora`` (a :class:`~cemlib.layers.hyperset_variants.DepthwiseLoRA`)
-    adds per-iteration low-rank updates to ``W`` and ``D``; ``step_net_options`` go to
-    :class:`StepSizeNet` (``time_embedding``, ``cond_norm``, ``zero_time_mlp``).
+    ``forward(x, t=0, x0=None)`` returns ``x(t+1)`` (..., N, d), the next state, not an update: the
+    layer is a whole (pre-norm-free) block, iterated as ``x = layer(x, t, x0)`` for
+    ``t = 0, 1, ...`` (:class:`~cemlib.models.hyperset.HyperSETModel` does this).
+
+    :param attention: the attention step (:class:`SubspaceAttention` or a variant).
+    :param feedforward: the feed-forward step (:class:`TiedFeedForward` or a variant), same width.
+    :param step_size: ``None`` learns ``alpha_t, gamma_t`` with :class:`StepSizeNet`; a number
+        fixes ``alpha = gamma = step_size`` (Table 4's ablation).
+    :param condition: what conditions the step sizes, ``"x0"`` (Sudoku, MIM) or ``"xt"``
+        (classification).
+    :param freq_dim: the :class:`StepSizeNet`'s time-embedding width.
+    :param lora: a :class:`~cemlib.layers.hyperset_variants.DepthwiseLoRA`: per-iteration low-rank
+        updates to ``W`` and ``D``.
+    :param step_net_options: further options of :class:`StepSizeNet` (``time_embedding``,
+        ``cond_norm``, ``zero_time_mlp``).
     """
 
     def __init__(self, attention: SubspaceAttention, feedforward: TiedFeedForward,

@@ -30,31 +30,63 @@ __all__ = ["SigmoidAttention", "LinearAttention", "SoftmaxFeedForward", "GatedFe
 
 
 class SigmoidAttention(SubspaceAttention):
-    """Table 19, row "Sigmoid": symmetric sigmoid scores, weights ``sigma'(G)`` (not normalised)."""
+    """Table 19, row "Sigmoid": symmetric sigmoid scores, weights ``sigma'(G)`` (not normalised).
+
+    ``forward(x, alpha)`` returns the stepped tokens ``x + alpha * direction``, normalised inside
+    (a pre-norm sublayer's replacement: ``x = attn(x, alpha)``); the options are
+    :class:`~cemlib.layers.hyperset.SubspaceAttention`'s.
+    """
 
     kind = "sigmoid"
 
 
 class LinearAttention(SubspaceAttention):
-    """Table 19, row "Linear Attention": ``Phi = sigmoid`` feature map, linear in ``N``."""
+    """Table 19, row "Linear Attention": ``Phi = sigmoid`` feature map, linear in ``N``.
+
+    ``forward(x, alpha)`` returns the stepped tokens ``x + alpha * direction``, normalised inside
+    (a pre-norm sublayer's replacement: ``x = attn(x, alpha)``); the options are
+    :class:`~cemlib.layers.hyperset.SubspaceAttention`'s.
+    """
 
     kind = "linear"
 
 
 class SoftmaxFeedForward(TiedFeedForward):
-    """Table 20, row "Softmax FF": the vMF-mixture alignment energy of eq. (15)."""
+    """Table 20, row "Softmax FF": the vMF-mixture alignment energy of eq. (15).
+
+    ``forward(x, gamma)`` returns the stepped tokens ``x + gamma * direction``, normalised inside
+    (a pre-norm sublayer's replacement: ``x = ff(x, gamma)``); the options are
+    :class:`~cemlib.layers.hyperset.TiedFeedForward`'s.
+    """
 
     kind = "softmax"
 
 
 class GatedFeedForward(TiedFeedForward):
-    """Table 20, row "Gated FF": ``g(x) = x^2 / 2``, ``h = sigmoid``."""
+    """Table 20, row "Gated FF": ``g(x) = x^2 / 2``, ``h = sigmoid``.
+
+    ``forward(x, gamma)`` returns the stepped tokens ``x + gamma * direction``, normalised inside
+    (a pre-norm sublayer's replacement: ``x = ff(x, gamma)``); the options are
+    :class:`~cemlib.layers.hyperset.TiedFeedForward`'s.
+    """
 
     kind = "gated"
 
 
 class DepthwiseLoRA(nn.Module):
-    """Independent low-rank adapters on the shared ``W (d, Hp)`` and ``D (d, M)``, per iteration."""
+    """Independent low-rank adapters on the shared ``W (d, Hp)`` and ``D (d, M)``, per iteration.
+
+    ``forward(W, D, t)`` returns the weights of iteration ``t``, ``(W + s A_t B_t, D + s A'_t B'_t)``;
+    not a sublayer (:class:`~cemlib.layers.hyperset.HyperSETLayer` calls it with ``lora=``).
+
+    :param d: the token width ``d``.
+    :param attn_width: the attention's ``H p`` (columns of ``W``).
+    :param ff_dim: the feed-forward width ``M`` (columns of ``D``).
+    :param n_iter: iterations with their own adapters.
+    :param rank: the adapters' rank ``r``.
+    :param scale: the factor ``s``.
+    :param std: standard deviation of the Gaussian initial factors.
+    """
 
     def __init__(self, d: int, attn_width: int, ff_dim: int, n_iter: int, rank: int,
                  scale: float = 4.0, std: float = 0.02):

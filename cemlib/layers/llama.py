@@ -23,7 +23,19 @@ POSITIONS = ("rope", "alibi", "none")
 
 
 class LlamaAttention(nn.Module):
-    """Causal multi-head attention with untied ``W_Q, W_K, W_V, W_O`` (CEM eq. 1)."""
+    """Causal multi-head attention with untied ``W_Q, W_K, W_V, W_O`` (CEM eq. 1).
+
+    ``forward(x)`` takes the *normalised* stream (B, L, D_h) and returns only the attention output
+    (B, L, D_h), the residual branch. In a standard pre-norm block:
+    ``x = x + attn(norm(x))``, which is what :class:`~cemlib.layers.reuse.ResidualSublayer` does.
+
+    :param d_model: the width ``D_h``.
+    :param n_heads: heads ``K``.
+    :param head_dim: per-head width ``D_r`` (default ``D_h / K``).
+    :param pos: ``"rope"`` (rotary, the default), ``"alibi"`` or ``"none"``.
+    :param rope_base: the RoPE frequency base.
+    :param init_std: standard deviation of the initial weights.
+    """
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int | None = None, *,
                  pos: str = "rope", rope_base: float = 10000.0, init_std: float = 0.02):
@@ -71,7 +83,15 @@ class LlamaAttention(nn.Module):
 
 class SwiGLU(nn.Module):
     """Llama gated MLP ``W_down (SiLU(W_gate x) * W_up x)`` (CEM eq. 6 with sigma = SiLU, Llama
-    naming: the SiLU acts on ``gate``; CEM eq. 6 calls that branch "up")."""
+    naming: the SiLU acts on ``gate``; CEM eq. 6 calls that branch "up").
+
+    ``forward(x)`` takes the normalised stream (..., D_h) and returns only the MLP output
+    (..., D_h), the residual branch: ``x = x + mlp(norm(x))`` in a pre-norm block.
+
+    :param d_model: the width ``D_h``.
+    :param d_ff: the hidden width.
+    :param init_std: standard deviation of the initial weights.
+    """
 
     def __init__(self, d_model: int, d_ff: int, *, init_std: float = 0.02):
         super().__init__()

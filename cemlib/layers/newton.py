@@ -46,7 +46,15 @@ __all__ = ["Att2nd", "Att2nd1st", "MHA2nd", "MHA2nd1st", "neumann_truncation_err
 
 
 class Att2nd(_SingleHeadStep):
-    """Eq. (10): the Newton step on the elastic ``F*`` (``W = W_Q^T W_K``)."""
+    """Eq. (10): the Newton step on the elastic ``F*`` (``W = W_Q^T W_K``).
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
+
+    Options ``d`` (width), ``T`` (temperature > 0) and ``eta`` (step size >= 0), as
+    :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`'s.
+    """
 
     def energy(self, z, h=None, mask=None):
         return fe.elastic_free_energy(z, h, self.W, self.T, mask)
@@ -78,7 +86,14 @@ class Att2nd(_SingleHeadStep):
 
 
 class Att2nd1st(Att2nd):
-    """§3, Att2nd1st: ``(1 - eta) z + eta h_bar - (eta/T) sum_i p_i d_i d_i^T (z - h_bar)`` in ``O(N d)``."""
+    """§3, Att2nd1st: ``(1 - eta) z + eta h_bar - (eta/T) sum_i p_i d_i d_i^T (z - h_bar)`` in ``O(N d)``.
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
+
+    The options are :class:`Att2nd`'s (``d``, ``T``, ``eta``).
+    """
 
     def direction(self, z, h, mask=None):
         """``(I + C/T) g`` via the scalars ``d_i^T g`` (no ``d x d`` matrix is formed)."""
@@ -148,7 +163,19 @@ def _cov_times(p, k, kbar, u):
 
 
 class MHA2nd(_MultiHeadFreeEnergy):
-    """Eq. (25)/(28): per-subspace Newton with the range-space pseudo-inverse."""
+    """Eq. (25)/(28): per-subspace Newton with the range-space pseudo-inverse.
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
+
+    :param d: the width ``d``.
+    :param n_heads: heads ``H`` (``d`` divisible by ``H``; ``d_h = d / H``).
+    :param T: the initial per-head temperature (default ``d_h``).
+    :param eta: the step size (finite, >= 0).
+    :param form: ``"corrected"`` (eq. 25 with the right sign) or ``"paper"`` (eq. 28 as printed).
+    :param learn_temperature: learn the per-head temperatures (``T_h = exp(log_T_h)``).
+    """
 
     def __init__(self, d: int, n_heads: int, T: float | None = None, eta: float = 1.0,
                  form: str = "corrected", learn_temperature: bool = False):
@@ -170,7 +197,21 @@ class MHA2nd(_MultiHeadFreeEnergy):
 
 
 class MHA2nd1st(_MultiHeadFreeEnergy):
-    """§4 / A.8 (eqs. 30-31): first-order Newton attention with output matrices ``W_O,h``."""
+    """§4 / A.8 (eqs. 30-31): first-order Newton attention with output matrices ``W_O,h``.
+
+    ``forward(z, h, mask=None)`` returns the **stepped state** ``z'`` (``z`` plus the step); a
+    pre-norm block adds its update, ``x = x + (step(g, g.unsqueeze(-3), causal) - g)`` with
+    ``g = norm(x)`` (shapes and the mask: :class:`~cemlib.layers.helmholtz.SoftmaxAttentionStep`).
+    :class:`~cemlib.models.newton_transformer.NewtonTransformer` does exactly that, with the same
+    numbers computed by matrix products (:func:`~cemlib.models.newton_transformer.causal_mha2nd1st_update`).
+
+    :param d: the width ``d``.
+    :param n_heads: heads ``H`` (``d`` divisible by ``H``; ``d_h = d / H``).
+    :param T: the initial per-head temperature (default ``d_h``).
+    :param form: ``"corrected"`` (the first-order truncation of the corrected Newton step) or
+        ``"paper"`` (eq. 31 as printed).
+    :param learn_temperature: learn the per-head temperatures (the paper's layer; default on).
+    """
 
     def __init__(self, d: int, n_heads: int, T: float | None = None, form: str = "corrected",
                  learn_temperature: bool = True):

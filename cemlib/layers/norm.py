@@ -16,7 +16,15 @@ __all__ = ["rms_norm", "rms_norm_vjp", "layer_norm", "layer_norm_vjp", "RMSNorm"
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with a learnable gain (initialised to one), as in Llama and CEM Algorithm 1."""
+    """RMSNorm with a learnable gain (initialised to one), as in Llama and CEM Algorithm 1.
+
+    ``forward(x)`` returns ``g * x / sqrt(mean(x^2) + eps)`` over the last dimension (same shape
+    as ``x``); :meth:`vjp` is its exact Jacobian-transpose product.
+
+    :param dim: the width normalised over (the last dimension of ``x``).
+    :param eps: added to the mean square, a finite number >= 0.
+    :param elementwise_affine: learn the gain ``g`` (else ``g = 1``, no parameter).
+    """
 
     def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = True):
         super().__init__()
@@ -29,7 +37,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
     def vjp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``J(x)^T v`` for this norm (see :func:`rms_norm_vjp`)."""
+        """``J(x)^T v`` for this norm (``cemlib.normalization.rms_norm_vjp``)."""
         return rms_norm_vjp(x, v, self.weight, self.eps)
 
     def extra_repr(self) -> str:

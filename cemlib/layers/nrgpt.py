@@ -77,22 +77,46 @@ def norm_jacobian(x, norm="layernorm", gain=None, eps=1e-5, form="exact"):
 class NRGPTBlock(EnergyLayer):
     """One NRGPT step; ``forward(x) = x - eta v(N(x))`` with ``v`` from :meth:`grad_g`.
 
-    Args: ``d_model`` D; ``n_heads`` H (one full ``D x D`` ``J_h`` per head, App. D);
-    ``ff`` in ``("ff1", "ff2w", "dam")``; ``ff_hidden`` M (default 4D); ``act`` ``"gelu"``/``"relu"``;
-    ``norm`` in ``("layernorm", "rmsnorm", "none")``; ``learn_gain`` (False freezes gamma = 1, as the
-    authors' ``BareLayerNorm``); ``mask`` ``"strict"`` (B<A, the paper) or ``"inclusive"`` (B<=A);
-    ``beta`` (default ``1/sqrt(D/H)``, eq. 10); ``rate`` in ``("gamma", "matrix", "psd_skew")`` with
-    scale ``rate_scale`` (c) and ``rate_rank`` D' for ``psd_skew``; ``ff2w_form`` ``"exact"``/``"paper"``;
-    ``learn_rate_scale=False`` freezes c of the ``gamma`` rate (with ``learn_gain=False`` and
-    ``rate_scale=1`` the rate is fixed at ``eta = I``, the paper's Fig. 2 setting).
+    ``forward(x)`` returns the **updated stream** (B, L, D), not an update: the residual and the
+    normalisation ``N`` are inside the step, and the block replaces a whole (parallel) pre-norm
+    block. Use it as ``x = block(x)``, or ``block.run(x, n_steps)`` for the recurrent model; never
+    ``x + block(norm(x))``.
 
-    The authors' released code differs in five places; each is an option here, off by default
-    (``cemlib/README_nrgpt.md``, "The authors' setup"): ``ff="ff2"`` (their two-layer energy,
-    first layer ``ff2_hidden`` wide, default D); ``learn_ff_scale`` (a learnable scalar ``s`` on the
-    feed-forward energy, ``E_A = E^AT_A + s E^FF_A``, initialised to 1); ``rate_init="normal"`` (the
-    ``matrix`` rate drawn ``N(0, init_std^2)`` instead of ``rate_scale I``: their ``proj`` Linear);
-    ``attn_dropout`` (dropout on the attention weights and on the attention update, in training
-    mode only); ``learn_alpha=False`` (no head weights: their code has none).
+    The authors' released code differs in five places; each is an option here, off by default:
+    ``ff="ff2"``, ``learn_ff_scale``, ``rate_init="normal"``, ``attn_dropout`` and
+    ``learn_alpha=False``.
+
+    :param d_model: the width ``D``.
+    :param n_heads: heads ``H`` (one full ``D x D`` ``J_h`` per head, App. D).
+    :param ff: the feed-forward energy, ``"ff1"``, ``"ff2w"``, ``"dam"`` or ``"ff2"`` (the
+        authors' two-layer energy, first layer ``ff2_hidden`` wide).
+    :param ff_hidden: the feed-forward hidden width ``M`` (default ``4 D``).
+    :param act: ``"gelu"`` or ``"relu"``.
+    :param ff_bias: biases in the feed-forward energy.
+    :param norm: ``N``: ``"layernorm"``, ``"rmsnorm"`` or ``"none"`` (eq. 17).
+    :param norm_eps: the normalisation's epsilon.
+    :param learn_gain: learn the norm's gain (``False`` freezes ``gamma = 1``, as the authors'
+        ``BareLayerNorm``).
+    :param mask: ``"strict"`` (``B < A``, the paper) or ``"inclusive"`` (``B <= A``).
+    :param beta: the attention's inverse temperature (default ``1/sqrt(D/H)``, eq. 10).
+    :param rate: the inference rate ``eta``: ``"gamma"`` (``c diag(gamma)``, Prop. 2.1),
+        ``"matrix"`` (unconstrained, the authors' code) or ``"psd_skew"`` (eq. 19).
+    :param rate_scale: the scale ``c`` of the rate.
+    :param rate_rank: ``D'`` of the ``"psd_skew"`` rate.
+    :param ff2w_form: ``"exact"`` or ``"paper"`` (eq. 24 as printed: wrong sign and second term).
+    :param init_std: standard deviation of the initial weights.
+    :param learn_alpha: learned per-head weights ``alpha_h`` (``False``: none, as in the authors'
+        code).
+    :param learn_ff_scale: a learnable scalar ``s`` on the feed-forward energy,
+        ``E_A = E^AT_A + s E^FF_A``, initialised to 1 (the authors' code).
+    :param rate_init: ``"identity"`` (``rate_scale I``) or ``"normal"`` (the ``matrix`` rate drawn
+        ``N(0, init_std^2)``: the authors' ``proj`` Linear).
+    :param attn_dropout: dropout on the attention weights and on the attention update, in training
+        mode only (the authors' code).
+    :param ff2_hidden: the first layer width of ``ff="ff2"`` (default ``D``).
+    :param learn_rate_scale: ``False`` freezes ``c`` of the ``gamma`` rate (with
+        ``learn_gain=False`` and ``rate_scale=1`` the rate is fixed at ``eta = I``, the paper's
+        Fig. 2 setting).
     """
 
     def __init__(self, d_model: int, n_heads: int = 1, *, ff: str = "ff2w", ff_hidden: int | None = None,

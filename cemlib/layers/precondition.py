@@ -46,7 +46,19 @@ class Preconditioner(nn.Module):
     """``P`` of CEM eq. 13 (or a stack ``P_1..P_K`` of them, one per attention head, eq. 14).
 
     ``forward(g)`` returns ``P g``: for a single P, ``g`` is (..., D_h); for a stack of
-    ``n_heads``, ``g`` is (B, K, L, D_h) and head ``k`` gets ``P_k``.
+    ``n_heads``, ``g`` is (B, K, L, D_h) and head ``k`` gets ``P_k``. It is not a sublayer of a
+    block: the CEM layers apply it to their gradient (``preconditioner=...`` on
+    :class:`~cemlib.layers.cem_attention.CEMAttention` and :class:`~cemlib.layers.cem_mlp.CEMMLP`).
+
+    :param dim: the width ``D_h``.
+    :param kind: ``"none"`` (``P = I``), ``"diag"`` or ``"dplr"`` (eq. 13).
+    :param rank: the rank ``R`` of ``U`` and ``V`` (``"dplr"`` only).
+    :param n_heads: ``None`` for one ``P``; ``K`` for a stack of per-head ``P_k``.
+    :param safeguard: shrink the negative part so that ``P`` is positive definite (cemlib's
+        option, not the paper's: ``P_safe = S + A A^T / 2 - c B B^T / 2``, ``A = U + V``,
+        ``B = U - V``, ``S = diag(softplus d)``, with the largest ``c <= 1`` that guarantees
+        ``lambda_min(P_safe) >= delta min_i s_i``).
+    :param delta: the safeguard's margin, ``lambda_min(P) >= delta min_i s_i``, in (0, 1).
     """
 
     def __init__(self, dim: int, kind: str = "none", rank: int = 4, n_heads: int | None = None,

@@ -57,7 +57,42 @@ def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
 
 
 class HyperSETModel(nn.Module):
-    """Embedding, ``n_iter`` iterations of one Hyper-SET layer, and a classification head."""
+    """Embedding, ``n_iter`` iterations of one Hyper-SET layer, and a classification head.
+
+    ``forward(x)`` takes tokens (B, N) or patches (B, N, patch_dim) and returns logits
+    (B, N, n_classes) with ``pool="none"``, else (B, n_classes). The iterated layer returns the next
+    state itself (no residual or norm around it; see
+    :class:`~cemlib.layers.hyperset.HyperSETLayer`). Attention is bidirectional: the model
+    classifies, it does not generate text.
+
+    :param d: the token width.
+    :param n_heads: attention subspaces.
+    :param n_iter: iterations of the layer (the recurrent depth).
+    :param n_classes: classes per position (``pool="none"``) or per example.
+    :param n_positions: tokens per example.
+    :param vocab_size: for token inputs: ids ``0 .. vocab_size - 1`` (give this or ``patch_dim``).
+    :param patch_dim: for patch inputs: the width of a patch vector.
+    :param ff_dim: the feed-forward width (default ``d``).
+    :param pool: ``"none"`` (per-token logits), ``"mean"`` or ``"cls"``.
+    :param positional: ``"learned"`` or ``"sinusoidal"`` positions.
+    :param attention: ``"bisoftmax"``, ``"sigmoid"`` or ``"linear"`` (Table 19).
+    :param feedforward: ``"relu"``, ``"softmax"`` or ``"gated"`` (Table 20).
+    :param step_size: ``None`` learns the step sizes; a number fixes them.
+    :param condition: ``"x0"`` or ``"xt"``: what conditions the step sizes.
+    :param freq_dim: the step-size network's time-embedding width.
+    :param lora_rank: rank of depth-wise LoRA (0: none; it fixes the depth at ``n_iter``).
+    :param lora_scale: the LoRA factor ``s``.
+    :param qkv_gain: ``"none"``, ``"shared"`` or ``"separate"`` learnable RMSNorm gains.
+    :param ff_gain: a learnable gain on the feed-forward RMSNorm.
+    :param time_embedding: ``"cemlib"`` or ``"authors"``.
+    :param step_cond_norm: RMS-normalise the step-size condition.
+    :param step_zero_time_mlp: zero-initialise the step-size network's TimeMLP.
+    :param head: ``"layernorm"`` (``LayerNorm -> Linear``) or ``"rmsnorm"`` (the released Sudoku
+        head).
+    :param patch_embed: ``"linear"`` or ``"ln_linear_ln"`` (the released image models).
+    :param init_std: ``None`` (PyTorch's defaults) or the released Sudoku initialisation's
+        standard deviation.
+    """
 
     def __init__(self, *, d: int, n_heads: int, n_iter: int, n_classes: int, n_positions: int,
                  vocab_size: int | None = None, patch_dim: int | None = None,

@@ -23,6 +23,7 @@ from cemlib.layers.cem_mlp import CEMMLP
 from cemlib.layers.llama import LlamaAttention, SwiGLU
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.reuse import IncrementDropout, LayerReuse, ResidualSublayer
+from cemlib.models.generation import GenerationMixin
 from cemlib.utils import check_positive_int
 
 __all__ = ["LMConfig", "LanguageModel", "default_d_ff"]
@@ -48,6 +49,45 @@ class LMConfig:
     on a GPU or under ``torch.compile`` the trainer's per-step loss and gradient-norm check
     catches NaN/Inf); the cheap token-id range check stays on either way (eager mode only).
     Step sizes ``eta_*`` must be finite and >= 0, ``norm_eps`` >= 0.
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param context_length: the longest sequence the model takes.
+    :param d_model: the width ``D_h`` of the residual stream.
+    :param n_layers: blocks.
+    :param n_heads: attention heads.
+    :param d_ff: the SwiGLU hidden width.
+    :param attn: ``"llama"`` (:class:`~cemlib.layers.llama.LlamaAttention` in a pre-norm residual
+        sublayer) or ``"cem"`` (:class:`~cemlib.layers.cem_attention.CEMAttention`).
+    :param mlp: ``"llama"`` (:class:`~cemlib.layers.llama.SwiGLU` in a pre-norm residual sublayer)
+        or ``"cem"`` (:class:`~cemlib.layers.cem_mlp.CEMMLP`).
+    :param tie_embeddings: use the token embedding as the output head.
+    :param T_attn: CEM attention recursion steps.
+    :param T_mlp: CEM MLP recursion steps.
+    :param head_dim: per-head width (default ``d_model / n_heads``).
+    :param pos: the Llama attention's positions, ``"rope"``, ``"alibi"`` or ``"none"``.
+    :param d_v: the CEM MLP width.
+    :param tau: CEM attention temperature (``CEMAttention``'s ``tau``).
+    :param diag: CEM attention diagonal, ``"shared"``, ``"per_head"`` or ``"none"``.
+    :param diag_grad: ``"exact"`` or ``"paper"`` (``CEMAttention``'s ``diag_grad``).
+    :param alibi: ALiBi in CEM attention.
+    :param self_cross_bias: CEM attention's learned self/cross biases.
+    :param query_norm: RMS-normalise the query inside the CEM recursions.
+    :param phi: the CEM MLP potential, ``"silu"``, ``"gelu"`` or ``"relu2"``.
+    :param mlp_variant: ``"standard"`` or ``"sign"`` (``CEMMLP``'s ``variant``).
+    :param precond_attn: CEM attention preconditioner, ``"none"``, ``"diag"`` or ``"dplr"``.
+    :param precond_mlp: CEM MLP preconditioner, ``"none"``, ``"diag"`` or ``"dplr"``.
+    :param precond_rank_attn: rank of the attention's ``"dplr"`` preconditioner.
+    :param precond_rank_mlp: rank of the MLP's ``"dplr"`` preconditioner.
+    :param precond_safeguard: keep the preconditioners positive definite.
+    :param eta_attn: CEM attention step size.
+    :param eta_mlp: CEM MLP step size.
+    :param learn_eta: learn the CEM step sizes.
+    :param reuse_attn: applications of each attention sublayer (plain layer reuse).
+    :param reuse_mlp: applications of each MLP sublayer.
+    :param norm_eps: every RMSNorm's epsilon.
+    :param init_std: standard deviation of the initial weights.
+    :param dropout: dropout on the embeddings and on every sublayer's update.
+    :param check_finite: layers reject NaN/Inf input.
     """
     vocab_size: int
     context_length: int
@@ -160,8 +200,18 @@ def _mlp_step(cfg: LMConfig) -> nn.Module:
     return LayerReuse(step, cfg.reuse_mlp) if cfg.reuse_mlp > 1 else step
 
 
-class LanguageModel(nn.Module):
-    """``LanguageModel(cfg)(idx: LongTensor[B, L]) -> logits [B, L, vocab]``."""
+class LanguageModel(GenerationMixin, nn.Module):
+    """``LanguageModel(cfg)(idx: LongTensor[B, L]) -> logits [B, L, vocab]``.
+
+    ``forward(idx)`` returns the next-token logits at every position (``L <= context_length``).
+    Each block is ``x = mlp_step(attn_step(x))`` on the un-normalised residual stream: a Llama step
+    is the pre-norm sublayer ``x + f(RMSNorm(x))``, a CEM step is the CEM layer itself (it returns
+    ``x`` plus its update and normalises inside), so Llama and CEM layers mix freely. Then a final
+    RMSNorm and the linear head. ``model.generate(idx, max_new_tokens, temperature=..., top_k=...,
+    seed=...)`` samples text (:func:`cemlib.models.generation.generate`).
+
+    :param cfg: the :class:`LMConfig` (every option is a field of it).
+    """
 
     def __init__(self, cfg: LMConfig):
         super().__init__()
@@ -180,10 +230,21 @@ class LanguageModel(nn.Module):
             self.lm_head = nn.Parameter(torch.randn(cfg.vocab_size, cfg.d_model) * cfg.init_std)
 
     @property
+    def context_length(self) -> int:
+        """The longest sequence :meth:`forward` accepts (``cfg.context_length``)."""
+        return self.config.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of token ids (``cfg.vocab_size``)."""
+        return self.config.vocab_size
+
+    @property
     def head_weight(self) -> torch.Tensor:
         return self.tok_emb.weight if self.lm_head is None else self.lm_head
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, L, vocab_size) for token ids ``idx`` (B, L), ``L <= context_length``."""
         cfg = self.config
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
             raise TypeError(f"idx must be an integer tensor (B, L), got "

@@ -26,6 +26,7 @@ from torch import nn
 
 from cemlib.layers.gpt import MLP, CausalSelfAttention
 from cemlib.layers.newton import MHA2nd1st
+from cemlib.models.generation import GenerationMixin
 from cemlib.models.hyperset import sinusoidal_positions
 from cemlib.utils import check_positive_int
 
@@ -88,8 +89,25 @@ class _Block(nn.Module):
         return x
 
 
-class NewtonTransformer(nn.Module):
-    """``forward(idx (B, L)) -> logits (B, L, vocab_size)``."""
+class NewtonTransformer(GenerationMixin, nn.Module):
+    """``forward(idx (B, L)) -> logits (B, L, vocab_size)``; ``generate`` samples text
+    (:func:`cemlib.models.generation.generate`).
+
+    Each block is pre-LayerNorm: ``x = x + attention update of LN(x)`` then ``x = x + MLP(LN(x))``;
+    for ``attn="mha2nd1st"`` the update is the Newton layer's stepped state minus its input,
+    computed by :func:`causal_mha2nd1st_update`.
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param block_size: the longest sequence (sinusoidal positions).
+    :param d_model: the width ``d``.
+    :param n_layers: blocks.
+    :param n_heads: attention heads.
+    :param attn: ``"mha"`` (standard softmax attention) or ``"mha2nd1st"`` (first-order Newton
+        attention, :class:`~cemlib.layers.newton.MHA2nd1st`).
+    :param ffn: a ReLU MLP of width ``4 d`` after the attention (``False``: attention only).
+    :param dropout: dropout on the embeddings and on each block's attention and MLP outputs.
+    :param form: ``MHA2nd1st``'s ``form``, ``"corrected"`` or ``"paper"``.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int = 64, n_layers: int = 3,
                  n_heads: int = 4, attn: str = "mha", ffn: bool = True, dropout: float = 0.1,
@@ -107,6 +125,16 @@ class NewtonTransformer(nn.Module):
         self.blocks = nn.ModuleList(_Block(d_model, n_heads, attn, ffn, dropout, form)
                                     for _ in range(n_layers))
         self.ln_f, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, vocab_size, bias=False)
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence :meth:`forward` accepts (``block_size``)."""
+        return self.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of token ids (rows of the embedding)."""
+        return self.emb.num_embeddings
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Token embeddings plus sinusoidal positions, then dropout: the first block's input."""

@@ -15,6 +15,7 @@ from torch import nn
 
 from cemlib.layers.gpt import GPTBlock, RecurrentGPT
 from cemlib.layers.nrgpt import NRGPTBlock
+from cemlib.models.generation import GenerationMixin
 from cemlib.utils import check_positive_int
 
 __all__ = ["NRGPTModel", "RecurrentGPTModel", "GPTModel", "AUTHORS_NRGPT", "AUTHORS_BASELINE"]
@@ -32,8 +33,10 @@ AUTHORS_NRGPT = dict(ff="ff2w", act="gelu", ff_bias=True, norm="layernorm", lear
 AUTHORS_BASELINE = dict(act="relu", head_bias=True)
 
 
-class _CausalTokenModel(nn.Module):
-    """Embeddings, final LayerNorm and output head around a body ``self._body(x)``."""
+class _CausalTokenModel(GenerationMixin, nn.Module):
+    """Embeddings, final LayerNorm and output head around a body ``self._body(x)``; with
+    ``n_outputs == vocab_size`` (the default) ``generate`` samples text
+    (:func:`cemlib.models.generation.generate`)."""
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_outputs: int | None = None,
                  dropout: float = 0.0, tie_embeddings: bool = False, head_bias: bool = False):
@@ -55,6 +58,11 @@ class _CausalTokenModel(nn.Module):
             if self.n_outputs != vocab_size:
                 raise ValueError("tie_embeddings needs n_outputs == vocab_size")
             self.head.weight = self.tok_emb.weight
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence :meth:`forward` accepts (``block_size``)."""
+        return self.block_size
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """``x^(0)_A = token embedding + position embedding`` (App. F.1), after input checks."""
@@ -85,7 +93,23 @@ class _CausalTokenModel(nn.Module):
 
 class NRGPTModel(_CausalTokenModel):
     """NRGPT: one :class:`~cemlib.layers.nrgpt.NRGPTBlock` applied ``n_steps`` times (eq. 6 with
-    shared weights, §2). ``block_kwargs`` go to the block (``ff``, ``norm``, ``rate``, ``mask``, ...)."""
+    shared weights, §2). ``block_kwargs`` go to the block (``ff``, ``norm``, ``rate``, ``mask``, ...).
+
+    ``forward(idx)`` (B, L) returns logits (B, L, n_outputs): embeddings, ``n_steps`` applications
+    of the block (each returns the updated stream), the final LayerNorm and the head.
+
+    :param vocab_size: token ids ``0 .. vocab_size - 1``.
+    :param block_size: the longest sequence (learned positions).
+    :param d_model: the width ``D``.
+    :param n_heads: attention heads.
+    :param n_steps: applications of the block (the recurrent depth).
+    :param n_outputs: logits per position (default ``vocab_size``; a classifier reads the ones it
+        needs; ``generate`` needs the default).
+    :param dropout: dropout on the embeddings (and, for the GPT baselines, in the blocks).
+    :param tie_embeddings: use the token embedding as the output head.
+    :param head_bias: a zero-initialised bias on the output head (the authors' ``lm_head``).
+    :param block_kwargs: the options of :class:`~cemlib.layers.nrgpt.NRGPTBlock`.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_steps: int = 5, *, n_outputs: int | None = None, dropout: float = 0.0,
@@ -109,7 +133,18 @@ class NRGPTModel(_CausalTokenModel):
 
 class RecurrentGPTModel(_CausalTokenModel):
     """One GPT block applied ``n_steps`` times: ``block="parallel"`` (GPT-J style, the authors'
-    GPT_Rec_parallel, default) or ``"sequential"`` (pre-LN GPT-2 block, their GPT_Rec)."""
+    GPT_Rec_parallel, default) or ``"sequential"`` (pre-LN GPT-2 block, their GPT_Rec).
+
+    ``forward(idx)`` (B, L) returns logits (B, L, n_outputs).
+
+    ``vocab_size``, ``block_size``, ``d_model``, ``n_heads``, ``n_outputs``, ``dropout``,
+    ``tie_embeddings`` and ``head_bias`` are :class:`NRGPTModel`'s options.
+
+    :param n_steps: applications of the block.
+    :param ff_hidden: the MLP hidden width (default ``4 D``).
+    :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
+    :param block: ``"parallel"`` or ``"sequential"``.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_steps: int = 5, *, n_outputs: int | None = None, dropout: float = 0.0,
@@ -125,7 +160,17 @@ class RecurrentGPTModel(_CausalTokenModel):
 
 
 class GPTModel(_CausalTokenModel):
-    """A standard deep GPT-2: ``n_layers`` sequential pre-LN blocks, no weight sharing."""
+    """A standard deep GPT-2: ``n_layers`` sequential pre-LN blocks, no weight sharing.
+
+    ``forward(idx)`` (B, L) returns logits (B, L, n_outputs).
+
+    ``vocab_size``, ``block_size``, ``d_model``, ``n_heads``, ``n_outputs``, ``dropout``,
+    ``tie_embeddings`` and ``head_bias`` are :class:`NRGPTModel`'s options.
+
+    :param n_layers: blocks (:class:`~cemlib.layers.gpt.GPTBlock`).
+    :param ff_hidden: the MLP hidden width (default ``4 D``).
+    :param act: the MLP activation, ``"relu"`` or ``"gelu"``.
+    """
 
     def __init__(self, vocab_size: int, block_size: int, d_model: int, n_heads: int = 1,
                  n_layers: int = 4, *, n_outputs: int | None = None, dropout: float = 0.0,

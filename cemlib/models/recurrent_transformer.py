@@ -22,7 +22,17 @@ __all__ = ["RecurrentTransformer", "TransformerLayer"]
 
 class TransformerLayer(nn.Module):
     """``x + MHA(LN x)``, then ``+ MLP(LN x)``; called as ``layer(X, t, X0)`` like Hyper-SET's
-    layer (``t`` and ``X0`` are unused: the same weights at every iteration, no conditioning)."""
+    layer (``t`` and ``X0`` are unused: the same weights at every iteration, no conditioning).
+
+    ``forward(X, t=0, X0=None)`` returns the next state (..., N, d), residuals and norms inside:
+    iterate it as ``X = layer(X, t, X0)``.
+
+    :param d: the token width.
+    :param n_heads: attention heads (bidirectional).
+    :param ff_dim: the MLP width (default ``4 d``).
+    :param norm: ``"layernorm"`` or ``"rmsnorm"``.
+    :param bias: biases in every linear map.
+    """
 
     def __init__(self, d: int, n_heads: int, ff_dim: int | None = None, norm: str = "layernorm",
                  bias: bool = True):
@@ -46,10 +56,31 @@ class TransformerLayer(nn.Module):
 
 
 class RecurrentTransformer(HyperSETModel):
-    """Same arguments as :class:`HyperSETModel` minus the Hyper-SET-specific ones (attention and
-    feed-forward kind, step sizes, LoRA, gains); ``ff_dim`` defaults to ``4 d``. ``norm="rmsnorm"``
-    and ``bias=False`` give the authors' baseline layer (pre-RMSNorm, no biases); ``head``,
-    ``patch_embed`` and ``init_std`` are :class:`HyperSETModel`'s."""
+    """Same arguments as :class:`~cemlib.models.hyperset.HyperSETModel` minus the Hyper-SET-specific
+    ones (attention and feed-forward kind, step sizes, LoRA, gains); ``ff_dim`` defaults to ``4 d``.
+    ``norm="rmsnorm"`` and ``bias=False`` give the authors' baseline layer (pre-RMSNorm, no biases);
+    ``head``, ``patch_embed`` and ``init_std`` are ``HyperSETModel``'s.
+
+    ``forward(x)`` returns logits as ``HyperSETModel``'s does; the iterated
+    :class:`~cemlib.models.recurrent_transformer.TransformerLayer` is a standard pre-norm layer (``x + MHA(LN x)``, then
+    ``+ MLP(LN x)``) that returns the next state.
+
+    :param d: the token width.
+    :param n_heads: attention heads.
+    :param n_iter: iterations of the layer.
+    :param n_classes: classes per position or per example.
+    :param n_positions: tokens per example.
+    :param vocab_size: for token inputs (give this or ``patch_dim``).
+    :param patch_dim: for patch inputs.
+    :param ff_dim: the MLP width (default ``4 d``).
+    :param pool: ``"none"``, ``"mean"`` or ``"cls"``.
+    :param positional: ``"learned"`` or ``"sinusoidal"``.
+    :param norm: ``"layernorm"`` or ``"rmsnorm"``.
+    :param bias: biases in the layer's linear maps.
+    :param head: ``"layernorm"`` or ``"rmsnorm"``.
+    :param patch_embed: ``"linear"`` or ``"ln_linear_ln"``.
+    :param init_std: ``None`` or the initial weights' standard deviation.
+    """
 
     def __init__(self, *, d: int, n_heads: int, n_iter: int, n_classes: int, n_positions: int,
                  vocab_size: int | None = None, patch_dim: int | None = None,

@@ -61,11 +61,27 @@ class _GatedBlock(nn.Module):
 
 
 class MLPRegressor(nn.Module):
-    """``mlp`` in :data:`MLP_KINDS`; ``d_ff`` is the hidden width (``d_v`` for the CEM MLP);
+    """``mlp`` in ``MLP_KINDS``; ``d_ff`` is the hidden width (``d_v`` for the CEM MLP);
     ``T`` the CEM recursion depth (``mlp="cem"`` only); ``bias`` adds biases to the gated block's
     three projections (the plain block always has them; the CEM block never does). With
     ``d_model=64``, ``d_ff=170`` and ``in_dim=10`` the counts are 33,941 (gated, ``bias=True``) and
-    22,657 (CEM), Table 3's 33.94K and 22.66K; the plain block with ``d_ff=256`` has 33,985 (33.98K)."""
+    22,657 (CEM), Table 3's 33.94K and 22.66K; the plain block with ``d_ff=256`` has 33,985 (33.98K).
+
+    ``forward(x)`` (B, in_dim) returns predictions (B, out_dim). The plain and gated blocks are
+    pre-norm residual blocks ``h + f(RMSNorm(h))``; the CEM block is the
+    :class:`~cemlib.layers.cem_mlp.CEMMLP` itself
+    (``h = mlp(h)``: it returns ``h`` plus its update and normalises inside).
+
+    :param in_dim: input features.
+    :param out_dim: outputs.
+    :param d_model: the width ``D_h`` of the residual stream.
+    :param d_ff: the block's hidden width.
+    :param mlp: ``"plain"``, ``"gated"`` or ``"cem"``.
+    :param T: the CEM recursion depth.
+    :param n_layers: residual blocks.
+    :param check_finite: the CEM MLP rejects NaN/Inf input.
+    :param bias: biases on the gated block's projections.
+    """
 
     def __init__(self, in_dim: int, out_dim: int = 1, d_model: int = 64, d_ff: int = 172,
                  mlp: str = "gated", T: int = 1, n_layers: int = 1, check_finite: bool = False,

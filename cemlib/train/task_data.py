@@ -68,7 +68,8 @@ def _shakespeare(cfg) -> Task:
         val = TokenBatches(s.val, tc.context_length, seed=tc.seed + 2, name="val")
     except ValueError as err:  # e.g. a corpus too short for the context length
         raise TaskDataError(f"data.path={d.path!r}: {err}") from None
-    return LanguageModelTask(train, val, s.tokenizer.vocab_size, tc.eval_batches)
+    return LanguageModelTask(train, val, s.tokenizer.vocab_size, tc.eval_batches,
+                             tokenizer=s.tokenizer.to_dict())
 
 
 def _is_shipped(path) -> bool:

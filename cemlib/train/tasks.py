@@ -244,13 +244,15 @@ class LanguageModelTask(Task):
     """Next-token prediction on token streams: ``train`` and ``val`` (and optionally ``test``)
     :class:`~cemlib.train.data.TokenBatches` of random windows. Evaluation: ``eval_batches`` fixed
     random windows per split, the loss averaged over batches; the train split is evaluated on its
-    own stream seeded ``train.seed + 1``."""
+    own stream seeded ``train.seed + 1``. ``tokenizer``: what decodes the ids (e.g.
+    :meth:`cemlib.data.shakespeare.CharTokenizer.to_dict`), kept in ``info["tokenizer"]`` so that
+    results files and checkpoints can be decoded without the text (``cemlib generate``)."""
 
     kind = "language_modelling"
     metric_names = ("loss",)
 
     def __init__(self, train: TokenBatches, val: TokenBatches, vocab_size: int | None = None,
-                 eval_batches: int = 10, test: TokenBatches | None = None):
+                 eval_batches: int = 10, test: TokenBatches | None = None, tokenizer: dict | None = None):
         splits = {"train": train, "val": val, **({"test": test} if test is not None else {})}
         for name, data in splits.items():
             if not isinstance(data, TokenBatches):
@@ -263,8 +265,14 @@ class LanguageModelTask(Task):
             vocab_size = 1 + max(int(d.tokens.max()) for d in splits.values())
         for name, data in splits.items():
             _check_labels(data.tokens, vocab_size, f"{name} tokens")
-        super().__init__(splits, {"vocab_size": vocab_size, "context_length": train.context_length},
-                         train.context_length, eval_batches)
+        info = {"vocab_size": vocab_size, "context_length": train.context_length}
+        if tokenizer is not None:
+            chars = tokenizer.get("chars") if isinstance(tokenizer, dict) else None
+            if chars is not None and len(chars) != vocab_size:
+                raise TaskDataError(f"the tokenizer has {len(chars)} characters, the task {vocab_size} "
+                                    f"token ids")
+            info["tokenizer"] = dict(tokenizer)
+        super().__init__(splits, info, train.context_length, eval_batches)
         self._train_eval = TokenBatches(train.tokens, train.context_length, seed=train.seed + 1,
                                         name=train.name + "-eval")
 

@@ -18,6 +18,7 @@ with two :class:`~cemlib.train.data.TokenBatches` is language modelling (the ori
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -230,7 +231,10 @@ class Trainer:
                 "data": {"position": self.step, "train": self.train_data.state_dict()},
                 "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
                 "config": self.cfg.to_dict(), "history": self.history,
-                "world_size": self.dist.world_size, "timing": self._timing_state()}
+                "world_size": self.dist.world_size, "timing": self._timing_state(),
+                # what the model reads and writes (vocabulary, context, classes), JSON-plain so the
+                # file stays weights-only: ``cemlib generate`` decodes with it, no dataset needed
+                "task": json.loads(json.dumps({"kind": self.task.kind, "info": self.task.info}))}
 
     def save_checkpoint(self, path: str | Path, rng: dict | None = None) -> Path | None:
         """Write a checkpoint of the current state (every process calls; rank 0 writes)."""
