@@ -79,6 +79,18 @@ def test_gpu_presets_evaluate_often_enough():
             assert cfg.train.eval_batches >= 50, name
 
 
+def test_shakespeare_train_chars_shortens_the_training_stream_only():
+    from cemlib.train.task_data import make_task
+    full = make_task(get_config("shakespeare-llama", "cpu"))
+    short = make_task(get_config("shakespeare-llama", "cpu", ["task.train_chars=10000"]))
+    assert short.train.tokens.numel() == 10_000
+    assert torch.equal(short.train.tokens, full.train.tokens[:10_000])
+    assert torch.equal(short.splits["val"].tokens, full.splits["val"].tokens)
+    for bad in ("5", "true", "99999999"):
+        with pytest.raises(ConfigError, match="task.train_chars"):
+            make_task(get_config("shakespeare-llama", "cpu", [f"task.train_chars={bad}"]))
+
+
 # ------------------------------------------------------------------------------ the budget
 def test_counts_of_a_language_model_preset_match_flops_per_token_and_the_stored_counts(one_thread):
     cfg = get_config("shakespeare-cem", "gpu")
@@ -191,7 +203,8 @@ def test_campaign_dry_run_continues_where_it_stopped_and_exports(tmp_path):
     assert f"skip  {runs[0].file}: results exist" in second.stdout and f"done  {runs[1].file}" in second.stdout
     with tarfile.open(tar) as t:
         names = sorted(t.getnames())
-    assert names == sorted(["campaign.json", runs[0].file, runs[1].file])
+    assert names == sorted(["campaign.json", runs[0].file, runs[1].file, f"logs/{runs[0].name}.log",
+                            f"logs/{runs[1].name}.log"])
     log = json.loads((out / "campaign.json").read_text())
     assert [len(c["ran"]) for c in log["calls"]] == [1, 1]
     ran = log["calls"][1]["ran"][0]
@@ -298,7 +311,11 @@ def test_gpu_table_shows_stored_gpu_runs_beside_cpu_runs(gpu_like_results, tmp_p
     cpu["metrics"]["final_whole_val"] = {"val_loss": 1.80}
     (tmp_path / "cpu.json").write_text(json.dumps(cpu))
     t = gpu_results_table(gpu_dir, [Row("Llama", run.experiment, "1.4697"), Row("other", "shakespeare-cem")],
-                          cpu_folder=tmp_path / "cpu.json")
+                          cpu=tmp_path / "cpu.json")
+    live = copy.deepcopy(cpu)
+    live["metrics"]["final_whole_val"] = {"val_loss": 1.90}
+    both = gpu_results_table(gpu_dir, [Row("Llama", run.experiment)], cpu=[tmp_path / "cpu.json", live])
+    assert both.rows[0][4] == f"1.850 ± {math.sqrt(2 * 0.05 ** 2):.3f} (2 runs)"  # one seed, twice
     assert t.available and t.device == "NVIDIA H100 80GB HBM3" and "NVIDIA H100 80GB HBM3" in t.header[2]
     mean, sd = 1.41, math.sqrt(2 * 0.01 ** 2)
     assert t.rows[0][2] == f"{mean:.3f} ± {sd:.3f} (2 seeds)" and t.rows[0][4] == "1.800 (1 seed)"

@@ -7,16 +7,16 @@ tree without ``.git`` and without network). :data:`PLAN` lists every run as a re
 (1: the first ≤ 25 GPU-minutes, 2: after it) and why it is there. One device call::
 
     CEMLIB_GIT_COMMIT=<the commit of the copied tree> python -m cemlib.train.campaign run --plan 1 \\
-        --budget-s 570 --out runs/campaign --export "$OUT/campaign.tar"
+        --budget-s 540 --out runs/campaign --export "$OUT/campaign.tar"
 
 runs the plan's runs in order, each as its own process: a run whose results already exist (in
 ``--out``, or already imported into ``book/results``) is skipped, so the next call continues;
 before it starts a run it checks the run's estimate (:mod:`cemlib.train.budget`) against the time
 left, and a run still going when the budget ends is stopped with SIGTERM (the trainer then saves
 its checkpoint and partial results) and is left for the next call. After every run, ``--export``
-is rewritten: one tar of every finished results file and the campaign log (``campaign.json``:
-each run's command, estimate, measured wall time, exit status), since the device returns few
-files. It prints what it ran, skipped and what is left. On the repository's machine,
+is rewritten: one tar of every finished results file, the campaign log (``campaign.json``: each
+run's command, estimate, measured wall time, exit status) and each run's output, since the device
+returns few files. It prints what it ran, skipped and what is left. On the repository's machine,
 ``python -m cemlib.train.import_results campaign.tar`` checks the files and copies them into
 ``book/results/<folder>/``. ``--jobs 2`` lets two runs share the GPU (the small models here leave
 it mostly idle; the estimate check then assumes neither goes faster, and the tokens/s those runs
@@ -86,7 +86,7 @@ class Run:
         args = [sys.executable, "-m", "cemlib.train", "--experiment", self.experiment, "--preset", self.preset]
         for o in [*self.overrides, *extra]:
             args += ["--set", o]
-        return args + ["--out", str(out_dir), "--quiet"]
+        return args + ["--out", str(out_dir)]
 
 
 def _seeds(experiments, seeds, folder, plan, why) -> list[Run]:
@@ -175,13 +175,14 @@ def _complete(path: Path) -> bool:
 
 
 def export_archive(out_dir: Path, archive: Path) -> Path:
-    """Write ``archive`` (a tar, atomically): every finished ``<folder>/<name>.json`` in ``out_dir``
-    and ``campaign.json``."""
-    members = sorted(p for p in out_dir.glob("*/*.json") if _complete(p))
+    """Write ``archive`` (a tar, atomically): every finished ``<folder>/<name>.json`` in ``out_dir``,
+    ``campaign.json`` and the runs' output in ``logs/``."""
+    members = sorted(p for p in out_dir.glob("*/*.json") if _complete(p) and p.parent.name != "logs")
     log = out_dir / "campaign.json"
+    members += ([log] if log.is_file() else []) + sorted((out_dir / "logs").glob("*.log"))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for p in members + ([log] if log.is_file() else []):
+        for p in members:
             tar.add(p, arcname=str(p.relative_to(out_dir)))
     archive = Path(archive)
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +214,7 @@ class _Active:
 def run_campaign(runs: list[Run], out_dir: str | Path, budget_s: float, export: str | Path | None = None,
                  dry_run: bool = False, results_root: str | Path = RESULTS_ROOT, margin: float = 1.1,
                  estimate_s: Callable[[Run], float | None] | None = None, dry_estimate_s: float = 10.0,
-                 jobs: int = 1, grace_s: float = 60.0, verbose: bool = True) -> dict:
+                 jobs: int = 1, grace_s: float = 30.0, verbose: bool = True) -> dict:
     """Run ``runs`` in order within ``budget_s`` seconds (see the module docstring); return the log
     ``{"ran": [...], "skipped": [...], "left": [...], ...}``, also written to ``out_dir/campaign.json``.
 
@@ -342,7 +343,10 @@ def main(argv=None) -> int:
     for q in (pl, rn):
         q.add_argument("--plan", type=int, choices=(1, 2), help="plan 1 or 2 (default: all, in order)")
         q.add_argument("--folder", help="only the runs stored in book/results/<folder>")
-    rn.add_argument("--budget-s", type=float, default=570.0, help="seconds this call may use (default 570)")
+    rn.add_argument("--budget-s", type=float, default=540.0,
+                    help="seconds this call may use (default 540: with --grace-s, under a 10-minute command)")
+    rn.add_argument("--grace-s", type=float, default=30.0,
+                    help="after SIGTERM at the end of the budget, seconds before SIGKILL (default 30)")
     rn.add_argument("--out", default="runs/campaign", help="output folder (kept between calls on one machine)")
     rn.add_argument("--export", help="tar to rewrite after every run (e.g. $OUT/campaign.tar)")
     rn.add_argument("--dry-run", action="store_true", help="3 tiny steps per run on the CPU (a test)")
@@ -367,7 +371,7 @@ def main(argv=None) -> int:
                   "device copy has no .git, and the results must name a clean commit)", file=sys.stderr)
             return 2
     call = run_campaign(runs, args.out, args.budget_s, args.export, dry_run=args.dry_run,
-                        dry_estimate_s=args.dry_estimate_s, jobs=args.jobs)
+                        dry_estimate_s=args.dry_estimate_s, jobs=args.jobs, grace_s=args.grace_s)
     failed = [e for e in call["left"] if "exit_status" in e and not e.get("stopped_at_budget")]
     return 1 if failed else 0
 

@@ -67,11 +67,14 @@ def _load_folder(folder: Path, preset: str) -> list[dict]:
     return [r for r in runs if r["preset"] == preset]
 
 
-def _mean_sd(values: list[float], digits: int) -> str:
-    v = np.asarray(values, dtype=float)
+def _mean_sd(runs: list[dict], metric: str, digits: int) -> str:
+    """``mean ± sd (n seeds)`` of the runs' final ``metric`` ("runs" if two share a seed)."""
+    v = np.asarray([final_metric(r, metric) for r in runs], dtype=float)
+    seeds = {r["config"]["train"]["seed"] for r in runs}
+    what = "seed" if len(seeds) == len(runs) else "run"
     if len(v) == 1:
-        return f"{v[0]:.{digits}f} (1 seed)"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} ({len(v)} seeds)"
+        return f"{v[0]:.{digits}f} (1 {what})"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} ({len(v)} {what}s)"
 
 
 @dataclass
@@ -100,19 +103,31 @@ class ResultsTable:
         return "\n".join([fmt.format(*self.header), *(fmt.format(*r) for r in self.rows), "", self.note])
 
 
-def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu_folder: str | Path | None = None,
-                      metric: str = "val_loss", digits: int = 3) -> ResultsTable:
+def _cpu_runs(cpu) -> list[dict]:
+    """Results of CPU runs from a folder, a file, results dictionaries (a chapter's live runs), or a
+    list of any of these."""
+    from cemlib.train.results import load_results
+    if cpu is None:
+        return []
+    if isinstance(cpu, dict):
+        return [cpu]
+    if isinstance(cpu, (list, tuple)):
+        return [r for item in cpu for r in _cpu_runs(item)]
+    p = Path(cpu)
+    return [load_results(p)] if p.is_file() else _load_folder(p, "cpu")
+
+
+def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric: str = "val_loss",
+                      digits: int = 3) -> ResultsTable:
     """The table of ``rows`` for the GPU runs in ``gpu_folder`` (e.g. ``results/shakespeare_gpu``)
-    and the CPU runs in ``cpu_folder`` (a folder of results files, or one file); ``metric`` is a
-    key of the runs' final metrics (see the module docstring)."""
+    and the CPU runs ``cpu`` (a folder of results files, one file, a results dictionary such as a
+    chapter's live run, or a list of these); ``metric`` is a key of the runs' final metrics (see
+    the module docstring)."""
     from cemlib.train.campaign import folder_commands
-    from cemlib.train.results import device_name, load_results
+    from cemlib.train.results import device_name
     gpu_folder = Path(gpu_folder)
     gpu = _load_folder(gpu_folder, "gpu")
-    cpu: list[dict] = []
-    if cpu_folder is not None:
-        p = Path(cpu_folder)
-        cpu = [load_results(p)] if p.is_file() else _load_folder(p, "cpu")
+    cpu = _cpu_runs(cpu)
     devices = sorted({device_name(r) for r in gpu})
     device = ", ".join(devices) if devices else None
     header = ["model", "parameters", f"ours, GPU ({device or 'no run yet'}): final {metric}",
@@ -123,13 +138,13 @@ def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu_folder: str |
         c = [r for r in cpu if r["experiment"] == (row.cpu_experiment or row.experiment)]
         if g:
             params = f"{g[0]['num_parameters']:,}"
-            final = _mean_sd([final_metric(r, metric) for r in g], digits)
+            final = _mean_sd(g, metric, digits)
             bests = [best_evaluation(r) for r in g]
             best = f"{np.mean([b[0] for b in bests]):.{digits}f} ({bests[0][2]}, step {bests[0][1]})"
         else:
             params, final, best = "—", NOT_RUN, NOT_RUN
             missing.append(row.experiment)
-        cpu_cell = _mean_sd([final_metric(r, metric) for r in c], digits) if c else "—"
+        cpu_cell = _mean_sd(c, metric, digits) if c else "—"
         table.append([row.label, params, final, best, cpu_cell, row.paper])
     commands = [cmd for cmd in folder_commands(gpu_folder.name)
                 if any(f"--experiment {e} " in cmd + " " for e in missing)]
