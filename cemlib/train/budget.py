@@ -81,7 +81,7 @@ class Family:
 #: / 1024), 22.7 us and 0.60 for CEM (47.6 .. 109.7 ms; the T = 2 points are noisy); the constants
 #: below are rounded to the slow side, 10 us / 0.5 and 22 us / 0.4 (v1 Triton kernels: the
 #: conservative end until the v2 kernels are measured), and reproduce all twelve medians within
-#: +17 % / -6 % (``tests/test_gpu_campaign.py``). ``eager`` (no torch.compile, no CEM layer) has no
+#: -6 % to +16 % (``tests/test_gpu_campaign.py``). ``eager`` (no torch.compile, no CEM layer) has no
 #: H100 measurement: 15 us per operation (1.5 x the compiled Llama's) and 0.3 are assumptions, to
 #: be replaced by the first campaign's wall times. Compile times: the stored run
 #: ``book/results/shakespeare_llama_gpu.json`` spent about 42 s beyond its steps and evaluations

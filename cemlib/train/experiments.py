@@ -16,7 +16,7 @@ layers, 6 heads, width 384, context 256, batch 64, lr 1e-3 -> 1e-4, 100 warm-up 
 updates), with nanoGPT's dropout 0.2 (``LMConfig.dropout``: on the embeddings and on each
 sublayer's total update, so CEM layers stay exact gradient steps), on 900 steps instead of its 5000
 (``SHAKESPEARE_GPU_TRAIN`` says why). Every ``gpu`` preset is sized by :mod:`cemlib.train.budget`
-to at most 3 minutes on one H100, two CEM ablations excepted (``python -m cemlib.train --list``
+to at most 3 minutes on one H100, four CEM ablations excepted (``python -m cemlib.train --list``
 prints the estimates). The gpu
 presets turn off the model's own finite-value checks (``check_finite``), which synchronise the GPU; the
 trainer checks loss and gradients every step anyway.
