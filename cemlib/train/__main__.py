@@ -118,9 +118,14 @@ def _main(argv: list[str] | None, started_at: float, started_from: str) -> int:
     p.add_argument("--list", action="store_true", help="list experiments and presets, then exit")
     p.add_argument("--print-config", action="store_true", help="print the resolved config, then exit")
     args = p.parse_args(argv)
-    if args.list:
+    if args.list:  # with each gpu preset's estimated minutes on one H100 (cemlib.train.budget)
+        from cemlib.train.budget import load_counts, preset_estimate
+        store = load_counts()
         for name, exp in sorted(EXPERIMENTS.items()):
-            print(f"{name:32s} presets: {', '.join(sorted(exp.presets))}  -- {exp.description}")
+            est = preset_estimate(name, "gpu", store=store) if "gpu" in exp.presets else None
+            gpu = f"  gpu ~{est.minutes:.1f} H100-min" if est else \
+                ("  gpu: no estimate (python -m cemlib.train.budget --update)" if "gpu" in exp.presets else "")
+            print(f"{name:32s} presets: {', '.join(sorted(exp.presets))}{gpu}  -- {exp.description}")
         return 0
     if not args.experiment:
         p.error("--experiment is required (see --list)")

@@ -53,8 +53,14 @@ def _stack(ds) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------ factories
-def _shakespeare(cfg) -> Task:
+def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
+    """``train_chars``: train on the first ``train_chars`` characters of the train split only (the
+    validation split is unchanged), a scaled-down corpus for pilots of the over-fitting dynamics."""
     d, tc = cfg.data, cfg.train
+    if train_chars is not None and (isinstance(train_chars, bool) or not isinstance(train_chars, int)
+                                    or train_chars < tc.context_length + 2):
+        raise ConfigError(f"task.train_chars must be an integer >= train.context_length + 2 = "
+                          f"{tc.context_length + 2}, got {train_chars!r}")
     if d.path is not None and not Path(d.path).is_file():
         raise FileNotFoundError(f"data file for data.name={d.name!r} not found: data.path={d.path!r} "
                                 f"(leave data.path unset to use the copy shipped with cemlib)")
@@ -63,8 +69,12 @@ def _shakespeare(cfg) -> Task:
         s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)  # checksum: shipped file only
     else:
         s = _own_corpus(d.path, d.val_fraction)
+    if train_chars is not None and train_chars > s.train.numel():
+        raise ConfigError(f"task.train_chars={train_chars} exceeds the {s.train.numel()} characters of "
+                          f"the train split")
     try:
-        train = TokenBatches(s.train, tc.context_length, seed=tc.seed, name="train")
+        train = TokenBatches(s.train if train_chars is None else s.train[:train_chars], tc.context_length,
+                             seed=tc.seed, name="train")
         val = TokenBatches(s.val, tc.context_length, seed=tc.seed + 2, name="val")
     except ValueError as err:  # e.g. a corpus too short for the context length
         raise TaskDataError(f"data.path={d.path!r}: {err}") from None

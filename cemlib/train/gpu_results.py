@@ -1,0 +1,165 @@
+"""A chapter's stored mid-size (GPU) results beside its CPU results and the paper's number.
+
+:func:`gpu_results_table` reads the results files of a chapter's GPU folder (written by the
+campaign, :mod:`cemlib.train.campaign`, and imported by :mod:`cemlib.train.import_results`) and
+of the matching CPU folder, and returns a :class:`ResultsTable` with one row per model::
+
+    model | params | ours, GPU (<device>): final | best (step) | ours, CPU: final | paper
+
+Each "final" cell is the mean ± sample standard deviation over the stored seeds of the final
+model's metric, on the whole validation split where the file records it
+(``metrics["final_whole_val"]``) and else on the periodic evaluation's sample; "best" is the
+best evaluation of the run by the task's primary metric, read from its curve (mean over seeds,
+with the step of seed 0's best). When a folder holds no run of a model, its cell says "not yet
+run", and the table's note says plainly that the mid-size run has not been made yet and prints the
+commands that make it. In a notebook the table renders as Markdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Row", "ResultsTable", "gpu_results_table", "final_metric", "best_evaluation"]
+
+NOT_RUN = "not yet run"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model of the table: its ``label``, the ``experiment`` of its GPU runs, the paper's number
+    as text (with where it is printed), and the ``cpu_experiment`` of its CPU runs (default: the
+    same experiment)."""
+
+    label: str
+    experiment: str
+    paper: str = "—"
+    cpu_experiment: str | None = None
+
+
+def final_metric(res: dict, metric: str) -> float:
+    """The final model's ``metric`` (e.g. ``val_loss``, ``test_accuracy``): from the whole
+    validation split when recorded (``val_*`` only), else from the last periodic evaluation."""
+    whole = res["metrics"].get("final_whole_val") or {}
+    if metric in whole:
+        return float(whole[metric])
+    return float(res["metrics"]["final"][metric])
+
+
+def best_evaluation(res: dict) -> tuple[float, int, str]:
+    """``(value, step, metric)`` of the run's best periodic evaluation by its task's primary metric
+    (``val_loss`` when the file does not name one)."""
+    task = res.get("task") or {}
+    metric = f"val_{task.get('primary_metric', 'loss')}"
+    pick = max if task.get("primary_mode", "min") == "max" else min
+    ev = [e for e in res["curves"]["eval"] if metric in e]
+    best = pick(ev, key=lambda e: e[metric])
+    return float(best[metric]), int(best["step"]), metric
+
+
+def _load_folder(folder: Path, preset: str) -> list[dict]:
+    from cemlib.train.results import load_results
+    if not folder.is_dir():
+        return []
+    runs = [load_results(p) for p in sorted(folder.glob("*.json")) if p.name != "summary.json"]
+    return [r for r in runs if r["preset"] == preset]
+
+
+def _mean_sd(runs: list[dict], metric: str, digits: int) -> str:
+    """``mean ± sd (n seeds)`` of the runs' final ``metric`` ("runs" if two share a seed)."""
+    v = np.asarray([final_metric(r, metric) for r in runs], dtype=float)
+    seeds = {r["config"]["train"]["seed"] for r in runs}
+    what = "seed" if len(seeds) == len(runs) else "run"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f} (1 {what})"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f} ({len(v)} {what}s)"
+
+
+@dataclass
+class ResultsTable:
+    """The table (``header``, ``rows`` of strings), whether any GPU run was found, the GPU's name,
+    a ``note`` in words and the ``commands`` that make the GPU runs."""
+
+    header: list[str]
+    rows: list[list[str]]
+    available: bool
+    device: str | None
+    note: str
+    commands: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines) + "\n\n" + self.note.replace("\n", "  \n")
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+    def __repr__(self) -> str:
+        widths = [max(len(str(c)) for c in col) for col in zip(self.header, *self.rows)]
+        fmt = "  ".join(f"{{:{w}s}}" for w in widths)
+        return "\n".join([fmt.format(*self.header), *(fmt.format(*r) for r in self.rows), "", self.note])
+
+
+def _cpu_runs(cpu) -> list[dict]:
+    """Results of CPU runs from a folder, a file, results dictionaries (a chapter's live runs), or a
+    list of any of these."""
+    from cemlib.train.results import load_results
+    if cpu is None:
+        return []
+    if isinstance(cpu, dict):
+        return [cpu]
+    if isinstance(cpu, (list, tuple)):
+        return [r for item in cpu for r in _cpu_runs(item)]
+    p = Path(cpu)
+    return [load_results(p)] if p.is_file() else _load_folder(p, "cpu")
+
+
+def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric: str = "val_loss",
+                      digits: int = 3) -> ResultsTable:
+    """The table of ``rows`` for the GPU runs in ``gpu_folder`` (e.g. ``results/shakespeare_gpu``)
+    and the CPU runs ``cpu`` (a folder of results files, one file, a results dictionary such as a
+    chapter's live run, or a list of these); ``metric`` is a key of the runs' final metrics (see
+    the module docstring)."""
+    from cemlib.train.campaign import folder_commands
+    from cemlib.train.results import device_name
+    gpu_folder = Path(gpu_folder)
+    gpu = _load_folder(gpu_folder, "gpu")
+    cpu = _cpu_runs(cpu)
+    devices = sorted({device_name(r) for r in gpu})
+    device = ", ".join(devices) if devices else None
+    header = ["model", "parameters", f"ours, GPU ({device or 'no run yet'}): final {metric}",
+              "best (step)", f"ours, CPU: final {metric}", "paper"]
+    table, missing = [], []
+    for row in rows:
+        g = sorted((r for r in gpu if r["experiment"] == row.experiment), key=lambda r: r["config"]["train"]["seed"])
+        c = [r for r in cpu if r["experiment"] == (row.cpu_experiment or row.experiment)]
+        if g:
+            params = f"{g[0]['num_parameters']:,}"
+            final = _mean_sd(g, metric, digits)
+            bests = [best_evaluation(r) for r in g]
+            best = f"{np.mean([b[0] for b in bests]):.{digits}f} ({bests[0][2]}, step {bests[0][1]})"
+        else:
+            params, final, best = "—", NOT_RUN, NOT_RUN
+            missing.append(row.experiment)
+        cpu_cell = _mean_sd(c, metric, digits) if c else "—"
+        table.append([row.label, params, final, best, cpu_cell, row.paper])
+    commands = [cmd for cmd in folder_commands(gpu_folder.name)
+                if any(f"--experiment {e} " in cmd + " " for e in missing)]
+    if not gpu:
+        note = (f"The mid-size (gpu preset) runs of this table have not been made yet: "
+                f"{gpu_folder} holds no results. One GPU makes them with")
+    elif missing:
+        note = (f"Stored GPU results ({device}) from {gpu_folder}. Not yet run: {', '.join(missing)}; "
+                f"one GPU makes them with")
+    else:
+        note = (f"Stored GPU results ({device}) from {gpu_folder}: the command, commit and versions of "
+                f"each run are in its file.")
+    if missing:
+        note += ":\n" + "\n".join(commands or [f"(no run of {', '.join(missing)} in the campaign's plan)"])
+        if commands:
+            note += (f"\n(or every run of the folder: python -m cemlib.train.campaign run --folder "
+                     f"{gpu_folder.name}, then python -m cemlib.train.import_results on its output)")
+    return ResultsTable(header, table, bool(gpu), device, note, commands)
