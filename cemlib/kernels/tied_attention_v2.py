@@ -79,8 +79,8 @@ AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
 __all__ = ["tied_attention", "covers", "forward", "backward", "GPU_CONFIGS",
            "INTERPRETER_CONFIGS", "use_configs", "INTERPRET"]
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -114,12 +114,13 @@ def _store_rows(ptr, x, offs, ok, offs_d, stride, D: tl.constexpr, BLOCK_D: tl.c
 
 
 @triton.jit
-def _square_tile(X, offs_m, offs_n, L, MASK: tl.constexpr):
-    """Tile (offs_m, offs_n) of one (L, L) row-major matrix; zero outside if ``MASK``."""
+def _square_tile(X, offs_m, offs_n, L, BAND: tl.constexpr):
+    """Tile (offs_m, offs_n) of one (L, L) row-major matrix, zero outside. Below the diagonal
+    band the columns are known to be in bounds (``j < i``), so only rows are checked."""
     p = X + offs_m[:, None] * L + offs_n[None, :]
-    if MASK:
+    if BAND:
         return tl.load(p, mask=(offs_m[:, None] < L) & (offs_n[None, :] < L), other=0.0)
-    return tl.load(p)
+    return tl.load(p, mask=offs_m[:, None] < L, other=0.0)
 
 
 @triton.jit
@@ -141,16 +142,15 @@ def _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.co
 
 
 @triton.jit
-def _exponent(s, e, offs_m, offs_n, r, c, slope2, diag2, start, BAND: tl.constexpr,
-              HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr):
-    """``log2 p`` of a (BLOCK_M, BLOCK_N) tile from the raw products ``s = q kv^T``:
-    ``c s + slope2 (j - start) + e - r_i`` (``e`` the extra logits if ``HAS_BIAS``, ``r`` the
-    row offsets: log2-sum-exp minus the row terms, or ``None``); on the diagonal band also the diagonal bias
-    and the causal mask (``-inf`` where ``j > i``)."""
-    if HAS_ALIBI:
-        x = s * c + (slope2 * (offs_n - start).to(tl.float32))[None, :]
-    else:
-        x = s * c
+def _exponent(s, e, offs_m, offs_n, col, r, c, diag2, BAND: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_DIAG: tl.constexpr):
+    """``log2 p`` of a (BLOCK_M, BLOCK_N) tile (queries as rows) from the raw products
+    ``s = q kv^T``: ``c s + col_j + e_ij - r_i`` (``col`` the ALiBi column term, ``e`` the extra
+    logits if ``HAS_BIAS``, ``r`` the row offsets; ``col``/``r`` may be ``None``); on the
+    diagonal band also the diagonal bias and the causal mask (``-inf`` where ``j > i``)."""
+    x = s * c
+    if col is not None:
+        x += col[None, :]
     if HAS_BIAS:
         x += e.to(x.dtype)
     if r is not None:
@@ -162,26 +162,38 @@ def _exponent(s, e, offs_m, offs_n, r, c, slope2, diag2, start, BAND: tl.constex
     return x
 
 
+@triton.jit
+def _alibi_ramp(slope2, N: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """``slope2 * [0, 1, ..., N-1]`` (the ALiBi term of the columns of a tile relative to its
+    first column, hoisted out of the loops), or ``None`` without ALiBi."""
+    ramp = None
+    if HAS_ALIBI:
+        ramp = slope2 * tl.arange(0, N).to(tl.float32)
+    return ramp
+
+
 # ------------------------------------------------------------------------------------ forward
 
 @triton.jit
-def _fwd_step(acc, l_i, m_i, q, KVb, eb, start_n, start_m, offs_m, row_ok, offs_d, sl, L, c,
+def _fwd_step(acc, l_i, m_i, q, ramp, KVb, eb, start_n, start_m, offs_m, offs_d, sl, L, c,
               slope2, diag2, BAND: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr, ACC: tl.constexpr,
               PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One key tile of the online softmax (log2 domain); ``kv`` is key and value."""
+    """One key tile of the online softmax in the log2 domain; ``kv`` is key and value. The
+    exponent is ``x + sigma`` with ``x = c s + ramp_j`` and the tile's ALiBi offset
+    ``sigma = slope2 (start_n - start_m)``, which only shifts the row maximum."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
     s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
     if HAS_ALIBI or HAS_BIAS or BAND:
         e = s
         if HAS_BIAS:
-            e = _square_tile(eb, offs_m, offs_n, L, True)
-        x = _exponent(s, e, offs_m, offs_n, None, c, slope2, diag2, start_m, BAND,
-                      HAS_ALIBI, HAS_BIAS, HAS_DIAG)
-        m_new = tl.maximum(m_i, tl.max(x, 1))
-        p = tl.math.exp2(x - m_new[:, None])
-    else:  # plain off-band tile: max of the raw products, then one FFMA per element
+            e = _square_tile(eb, offs_m, offs_n, L, BAND)
+        x = _exponent(s, e, offs_m, offs_n, ramp, None, c, diag2, BAND, HAS_BIAS, HAS_DIAG)
+        sigma = slope2 * (start_n - start_m)
+        m_new = tl.maximum(m_i, tl.max(x, 1) + sigma)
+        p = tl.math.exp2(x - (m_new - sigma)[:, None])
+    else:  # plain tile below the diagonal: max of the raw products, then one FFMA per element
         m_new = tl.maximum(m_i, tl.max(s, 1) * c)
         p = tl.math.exp2(s * c - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
@@ -208,18 +220,19 @@ def _fwd_kernel(Q, KV, O, LSE, SLOPE, SELF, CROSS, EB, sb, sk, sl, n_heads, L, c
     row_ok = offs_m < L
     q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
     slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
+    ramp = _alibi_ramp(slope2, BLOCK_N, HAS_ALIBI)
     eb = EB + b.to(tl.int64) * L * L
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
     l_i = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     band = start_m // BLOCK_N * BLOCK_N  # key tiles before it lie wholly below the diagonal
     for start_n in range(0, band, BLOCK_N):
-        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, KV + base, eb, start_n, start_m, offs_m,
-                                  row_ok, offs_d, sl, L, c, slope2, diag2, False, D, HAS_ALIBI,
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, ramp, KV + base, eb, start_n, start_m,
+                                  offs_m, offs_d, sl, L, c, slope2, diag2, False, D, HAS_ALIBI,
                                   HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
     for start_n in range(band, tl.minimum(start_m + BLOCK_M, L), BLOCK_N):
-        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, KV + base, eb, start_n, start_m, offs_m,
-                                  row_ok, offs_d, sl, L, c, slope2, diag2, True, D, HAS_ALIBI,
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, ramp, KV + base, eb, start_n, start_m,
+                                  offs_m, offs_d, sl, L, c, slope2, diag2, True, D, HAS_ALIBI,
                                   HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
     _store_rows(O + base, acc / l_i[:, None], offs_m, row_ok, offs_d, sl, D, BLOCK_D)
     # the row terms dropped from the exponents: -slope (i - start_m) and b_cross
@@ -230,23 +243,37 @@ def _fwd_kernel(Q, KV, O, LSE, SLOPE, SELF, CROSS, EB, sb, sk, sl, n_heads, L, c
 # ------------------------------------------------------------------------------------ backward
 
 @triton.jit
-def _row_offsets(LSE, bh, offs_m, row_ok, L, slope2, cross2, start):
-    """``r_i = lse2_i - b_cross - slope (i - start)`` (log2 units): ``p_ij = exp2(x_ij - r_i)``
-    with the exponent ``x`` of :func:`_exponent`; ``+inf`` for rows past ``L`` (``p = 0``)."""
-    lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=row_ok, other=float("inf"))
-    return lse * LOG2E - cross2 + slope2 * (offs_m - start).to(tl.float32)
+def _rowdot_step(rho, q, r, ramp, KVb, eb, dpb, start_n, start_m, offs_m, offs_d, sl, L, c,
+                 slope2, diag2, BAND: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr, ACC: tl.constexpr,
+                 PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``rho_i += sum_j P_ij DPB_ij`` over one key tile (the row pass of _pre_kernel)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
+    s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+    e = _square_tile(eb, offs_m, offs_n, L, BAND) if HAS_BIAS else s
+    if HAS_ALIBI:
+        r = r - slope2 * (start_n - start_m)
+    p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, ramp, r, c, diag2, BAND, HAS_BIAS,
+                               HAS_DIAG))
+    return rho + tl.sum(p * _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC), 1)
 
+#
+# The backward reads two row vectors per (batch, head), both written by _pre_kernel and padded
+# by ROW_PAD rows (so that no query tile needs a bounds check on them): the row offsets
+# R_i = lse_i log2(e) - b_cross log2(e) (+inf on padding rows: p = 0 there), and
+# DELTA_i = scale (o_i.do_i - dlse_i [+ sum_j P_ij dPB_ij]) (0 on padding rows).
 
 @triton.jit
-def _pre_kernel(Q, KV, O, DO, LSE, DLSE, DELTA, DSII, SLOPE, SELF, CROSS, EB, DPB,
-                sb, sk, sl, dob, dok, dol, n_heads, L, c, scale,
+def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, SLOPE, SELF, CROSS, EB, DPB,
+                sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale,
                 D: tl.constexpr, HAS_DLSE: tl.constexpr, BIAS_GRAD: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
                 PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr):
-    """One program per (query block, batch*head). ``DELTA_i = scale (o_i.do_i - dlse_i
-    [+ sum_j P_ij dPB_ij])`` (the last term, a row pass, for a gradient ``DPB`` of the
+    """One program per (row block of the padded length ``Lp``, batch*head): ``R`` and
+    ``DELTA`` (the ``sum_j P_ij dPB_ij`` term, a row pass, for a gradient ``DPB`` of the
     head-summed probabilities); with ``BIAS_GRAD`` also ``DSII_i = dS_ii``."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
@@ -257,40 +284,39 @@ def _pre_kernel(Q, KV, O, DO, LSE, DLSE, DELTA, DSII, SLOPE, SELF, CROSS, EB, DP
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < L
+    pad_ok = offs_m < Lp
     rows = bh.to(tl.int64) * L + offs_m
+    prow = bh.to(tl.int64) * Lp + offs_m
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
+    lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+    rr = lse * LOG2E - cross2
+    tl.store(R + prow, rr, mask=pad_ok)
     do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True).to(ACC)
     o = _load_rows(O + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True).to(ACC)
     delta = tl.sum(o * do, 1)
-    dlse = tl.zeros_like(delta)
     if HAS_DLSE:
-        dlse = tl.load(DLSE + rows, mask=row_ok, other=0.0).to(ACC)
-        delta -= dlse
-    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
+        delta -= tl.load(DLSE + rows, mask=row_ok, other=0.0).to(ACC)
     eb = EB + b.to(tl.int64) * L * L
     dpb = DPB + b.to(tl.int64) * L * L
     if HAS_DPB:
-        q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
-        r = _row_offsets(LSE, bh, offs_m, row_ok, L, slope2, cross2, start_m)
-        rho = tl.zeros([BLOCK_M], ACC)
-        band = start_m // BLOCK_N * BLOCK_N
-        for start_n in range(0, band, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kv = _load_rows(KV + base, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, False)
-            s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
-            e = _square_tile(eb, offs_m, offs_n, L, True) if HAS_BIAS else s
-            p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, r, c, slope2, diag2, start_m, False,
-                                       HAS_ALIBI, HAS_BIAS, HAS_SELF or HAS_CROSS))
-            rho += tl.sum(p * _square_tile(dpb, offs_m, offs_n, L, True).to(ACC), 1)
-        for start_n in range(band, tl.minimum(start_m + BLOCK_M, L), BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kv = _load_rows(KV + base, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, True)
-            s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
-            e = _square_tile(eb, offs_m, offs_n, L, True) if HAS_BIAS else s
-            p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, r, c, slope2, diag2, start_m, True,
-                                       HAS_ALIBI, HAS_BIAS, HAS_SELF or HAS_CROSS))
-            rho += tl.sum(p * _square_tile(dpb, offs_m, offs_n, L, True).to(ACC), 1)
-        delta += rho
-    tl.store(DELTA + rows, delta * scale, mask=row_ok)
+        if start_m < L:
+            q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+            ramp = _alibi_ramp(slope2, BLOCK_N, HAS_ALIBI)
+            r = rr
+            if HAS_ALIBI:
+                r = rr + slope2 * tl.arange(0, BLOCK_M).to(tl.float32)
+            rho = tl.zeros([BLOCK_M], ACC)
+            band = start_m // BLOCK_N * BLOCK_N
+            for start_n in range(0, band, BLOCK_N):
+                rho = _rowdot_step(rho, q, r, ramp, KV + base, eb, dpb, start_n, start_m, offs_m,
+                                   offs_d, sl, L, c, slope2, diag2, False, D, HAS_ALIBI,
+                                   HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
+            for start_n in range(band, tl.minimum(start_m + BLOCK_M, L), BLOCK_N):
+                rho = _rowdot_step(rho, q, r, ramp, KV + base, eb, dpb, start_n, start_m, offs_m,
+                                   offs_d, sl, L, c, slope2, diag2, True, D, HAS_ALIBI,
+                                   HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
+            delta += rho
+    tl.store(DELTA + prow, delta * scale, mask=pad_ok)
     if BIAS_GRAD:
         # dS_ii = P_ii (dP_ii - Delta_i): the diagonal logit s_ii = scale q_i.kv_i [+ E_ii] + b_self
         q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True).to(ACC)
@@ -303,33 +329,36 @@ def _pre_kernel(Q, KV, O, DO, LSE, DLSE, DELTA, DSII, SLOPE, SELF, CROSS, EB, DP
             dp += tl.load(dpb + offs_m * (L + 1), mask=row_ok, other=0.0).to(ACC)
         if HAS_SELF:
             s2 += tl.load(SELF + k).to(ACC) * LOG2E
-        lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
-        p_ii = tl.math.exp2(s2 - lse * LOG2E)
+        p_ii = tl.math.exp2(s2 - tl.where(row_ok, lse, 0.0) * LOG2E)
         tl.store(DSII + rows, p_ii * (dp - delta), mask=row_ok)
 
 
 @triton.jit
-def _dkv_step(dkv, kv, col, Qb, DOb, eb, dpb, LSE, DELTA, bh, start_m, start_n, offs_n, col_ok,
-              offs_d, sl, dol, L, c, scale, slope2, diag2, cross2, BAND: tl.constexpr,
+def _dkv_step(dkv, kv, keyterm, ramp_m, Qb, DOb, eb, dpb, R, DELTA, prow0, start_m, start_n,
+              offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2, diag2, BAND: tl.constexpr,
               D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
               HAS_DIAG: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
               PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """One query tile of ``d kv`` for a fixed key block, in the transposed orientation (keys as
-    rows): ``d kv += P^T do + (scale dS)^T q``, both products into the same accumulator."""
+    rows, so that ``P^T`` is the left operand straight from registers):
+    ``d kv += P^T do + (scale dS)^T q``, both products into the same accumulator. The ALiBi
+    term ``slope2 (j - i)`` is ``keyterm_j - sigma - ramp_m_i`` with the loop-invariant
+    ``keyterm = slope2 (j - start_n)``, ``ramp_m = slope2 (i - start_m)`` and the tile offset
+    ``sigma = slope2 (start_m - start_n)``."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     row_ok = offs_m < L
     q = _load_rows(Qb, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
     do = _load_rows(DOb, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True)
-    r = _row_offsets(LSE, bh, offs_m, row_ok, L, slope2, cross2, start_n)
-    dlt = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=row_ok, other=0.0)
+    r = tl.load(R + prow0 + offs_m)  # padded: no bounds check
+    dlt = tl.load(DELTA + prow0 + offs_m)
     st = tl.dot(kv, tl.trans(q), out_dtype=ACC, input_precision=PREC)  # (keys, queries)
     if HAS_ALIBI:
-        x = st * c + col[:, None]
+        x = st * c + (keyterm - slope2 * (start_m - start_n))[:, None]
+        r = r + ramp_m
     else:
         x = st * c
     if HAS_BIAS:
-        x += tl.load(eb + offs_m[None, :] * L + offs_n[:, None],
-                     mask=row_ok[None, :] & col_ok[:, None], other=0.0).to(ACC)
+        x += _square_tile(eb, offs_m, offs_n, L, BAND).to(ACC).T
     x = x - r[None, :]
     if BAND:
         if HAS_DIAG:
@@ -338,8 +367,7 @@ def _dkv_step(dkv, kv, col, Qb, DOb, eb, dpb, LSE, DELTA, bh, start_m, start_n, 
     pt = tl.math.exp2(x)
     dpt = tl.dot(kv, tl.trans(do), out_dtype=ACC, input_precision=PREC)
     if HAS_DPB:
-        dpt += tl.load(dpb + offs_m[None, :] * L + offs_n[:, None],
-                       mask=row_ok[None, :] & col_ok[:, None], other=0.0).to(ACC)
+        dpt += _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC).T
     dst = pt * (dpt * scale - dlt[None, :])
     dkv = tl.dot(pt.to(do.dtype), do, dkv, out_dtype=ACC, input_precision=PREC)  # value role
     dkv = tl.dot(dst.to(q.dtype), q, dkv, out_dtype=ACC, input_precision=PREC)  # key role
@@ -347,7 +375,7 @@ def _dkv_step(dkv, kv, col, Qb, DOb, eb, dpb, LSE, DELTA, bh, start_m, start_n, 
 
 
 @triton.jit
-def _dq_step(dq, sd, q, do, r, dlt, KVb, eb, dpb, start, start_n, offs_m, row_ok, offs_d, sl, L,
+def _dq_step(dq, sd, q, do, r, dlt, ramp, KVb, eb, dpb, start, start_n, offs_m, offs_d, sl, L,
              c, scale, slope2, diag2, BAND: tl.constexpr, D: tl.constexpr,
              HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr,
              HAS_DPB: tl.constexpr, SLOPE_GRAD: tl.constexpr, ACC: tl.constexpr,
@@ -357,12 +385,14 @@ def _dq_step(dq, sd, q, do, r, dlt, KVb, eb, dpb, start, start_n, offs_m, row_ok
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
     s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
-    e = _square_tile(eb, offs_m, offs_n, L, True) if HAS_BIAS else s
-    p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, r, c, slope2, diag2, start, BAND, HAS_ALIBI,
-                               HAS_BIAS, HAS_DIAG))
+    e = _square_tile(eb, offs_m, offs_n, L, BAND) if HAS_BIAS else s
+    if HAS_ALIBI:
+        r = r - slope2 * (start_n - start)
+    p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, ramp, r, c, diag2, BAND, HAS_BIAS,
+                               HAS_DIAG))
     dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
     if HAS_DPB:
-        dp += _square_tile(dpb, offs_m, offs_n, L, True).to(ACC)
+        dp += _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC)
     ds = p * (dp * scale - dlt[:, None])
     dq = tl.dot(ds.to(kv.dtype), kv, dq, out_dtype=ACC, input_precision=PREC)
     if SLOPE_GRAD:
@@ -371,8 +401,8 @@ def _dq_step(dq, sd, q, do, r, dlt, KVb, eb, dpb, start, start_n, offs_m, row_ok
 
 
 @triton.jit
-def _bwd_kernel(Q, KV, DO, DQ, DKV, LSE, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST, SLOPE, SELF,
-                CROSS, EB, DPB, sb, sk, sl, dob, dok, dol, n_heads, n_batch, L, c, scale,
+def _bwd_kernel(Q, KV, DO, DQ, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST, SLOPE, SELF,
+                CROSS, EB, DPB, sb, sk, sl, dob, dok, dol, n_heads, n_batch, L, Lp, c, scale,
                 D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
                 HAS_CROSS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr,
                 HAS_DLSE: tl.constexpr, SELF_GRAD: tl.constexpr, CROSS_GRAD: tl.constexpr,
@@ -389,6 +419,7 @@ def _bwd_kernel(Q, KV, DO, DQ, DKV, LSE, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIS
     k = bh % n_heads
     base = b.to(tl.int64) * sb + k.to(tl.int64) * sk
     dbase = b.to(tl.int64) * dob + k.to(tl.int64) * dok
+    prow0 = bh.to(tl.int64) * Lp
     eb = EB + b.to(tl.int64) * L * L
     dpb = DPB + b.to(tl.int64) * L * L
     start = pid * BLOCK_N1
@@ -400,18 +431,19 @@ def _bwd_kernel(Q, KV, DO, DQ, DKV, LSE, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIS
     offs_n = start + tl.arange(0, BLOCK_N1)
     col_ok = offs_n < L
     kv = _load_rows(KV + base, offs_n, col_ok, offs_d, sl, D, BLOCK_D, True)
-    col = slope2 * (offs_n - start).to(tl.float32)
+    keyterm = slope2 * tl.arange(0, BLOCK_N1).to(tl.float32)
+    ramp_m = slope2 * tl.arange(0, BLOCK_M1).to(tl.float32)
     dkv = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
     for start_m in range(start, tl.minimum(start + BLOCK_N1, L), BLOCK_M1):
-        dkv = _dkv_step(dkv, kv, col, Q + base, DO + dbase, eb, dpb, LSE, DELTA, bh, start_m,
-                        start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2, diag2,
-                        cross2, True, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
+        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, eb, dpb, R, DELTA, prow0,
+                        start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2,
+                        diag2, True, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
                         BLOCK_M1, BLOCK_D)
     below = start + (BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1 * BLOCK_M1
     for start_m in range(below, L, BLOCK_M1):
-        dkv = _dkv_step(dkv, kv, col, Q + base, DO + dbase, eb, dpb, LSE, DELTA, bh, start_m,
-                        start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2, diag2,
-                        cross2, False, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
+        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, eb, dpb, R, DELTA, prow0,
+                        start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2,
+                        diag2, False, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
                         BLOCK_M1, BLOCK_D)
     _store_rows(DKV + base, dkv, offs_n, col_ok, offs_d, sl, D, BLOCK_D)
 
@@ -420,18 +452,21 @@ def _bwd_kernel(Q, KV, DO, DQ, DKV, LSE, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIS
     row_ok = col_ok
     q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
     do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True)
-    r = _row_offsets(LSE, bh, offs_m, row_ok, L, slope2, cross2, start)
-    dlt = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=row_ok, other=0.0)
+    r = tl.load(R + prow0 + offs_m)
+    if HAS_ALIBI:
+        r = r + keyterm  # slope2 (i - start)
+    dlt = tl.load(DELTA + prow0 + offs_m)
+    ramp = _alibi_ramp(slope2, BLOCK_N2, HAS_ALIBI)
     dq = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
     sd = tl.zeros([BLOCK_N1], ACC)
     band = start // BLOCK_N2 * BLOCK_N2
     for start_n in range(0, band, BLOCK_N2):
-        dq, sd = _dq_step(dq, sd, q, do, r, dlt, KV + base, eb, dpb, start, start_n, offs_m,
-                          row_ok, offs_d, sl, L, c, scale, slope2, diag2, False, D, HAS_ALIBI,
+        dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                          offs_m, offs_d, sl, L, c, scale, slope2, diag2, False, D, HAS_ALIBI,
                           HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
     for start_n in range(band, tl.minimum(start + BLOCK_N1, L), BLOCK_N2):
-        dq, sd = _dq_step(dq, sd, q, do, r, dlt, KV + base, eb, dpb, start, start_n, offs_m,
-                          row_ok, offs_d, sl, L, c, scale, slope2, diag2, True, D, HAS_ALIBI,
+        dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                          offs_m, offs_d, sl, L, c, scale, slope2, diag2, True, D, HAS_ALIBI,
                           HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
     _store_rows(DQ + base, dq, offs_m, row_ok, offs_d, sl, D, BLOCK_D)
     if SLOPE_GRAD:
@@ -459,8 +494,8 @@ def _bwd_kernel(Q, KV, DO, DQ, DKV, LSE, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIS
 # ------------------------------------------------------------------------------------ head sums
 
 @triton.jit
-def _headsum_tile(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m, offs_n, row_ok,
-                  col_ok, offs_d, sb, sk, sl, dob, dok, dol, n_heads, L, c, scale, start_m,
+def _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m, offs_n, row_ok,
+                  col_ok, offs_d, sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale, start_m,
                   BAND: tl.constexpr, GRAD: tl.constexpr, D: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
@@ -469,19 +504,28 @@ def _headsum_tile(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m, 
     acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
     for k in range(0, n_heads):
         bh = b * n_heads + k
-        base = b.to(tl.int64) * sb + (b * 0 + k).to(tl.int64) * sk
+        kk = (b * 0 + k).to(tl.int64)
+        base = b.to(tl.int64) * sb + kk * sk
         q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
         kv = _load_rows(KV + base, offs_n, col_ok, offs_d, sl, D, BLOCK_D, True)
         slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF,
                                              HAS_CROSS)
-        r = _row_offsets(LSE, bh, offs_m, row_ok, L, slope2, cross2, start_m)
+        if GRAD:  # the padded row offsets of _pre_kernel
+            r = tl.load(R + bh.to(tl.int64) * Lp + offs_m)
+        else:
+            lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=row_ok, other=float("inf"))
+            r = lse * LOG2E - cross2
+        col = None
+        if HAS_ALIBI:
+            col = slope2 * (offs_n - start_m).to(tl.float32)
+            r = r + slope2 * (offs_m - start_m).to(tl.float32)
         s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
-        p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, r, c, slope2, diag2, start_m, BAND,
-                                   HAS_ALIBI, HAS_BIAS, HAS_SELF or HAS_CROSS))
+        p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, col, r, c, diag2, BAND, HAS_BIAS,
+                                   HAS_SELF or HAS_CROSS))
         if GRAD:
-            do = _load_rows(DO + b.to(tl.int64) * dob + (b * 0 + k).to(tl.int64) * dok, offs_m, row_ok,
-                            offs_d, dol, D, BLOCK_D, True)
-            dlt = tl.load(DELTA + bh.to(tl.int64) * L + offs_m, mask=row_ok, other=0.0)
+            do = _load_rows(DO + b.to(tl.int64) * dob + kk * dok, offs_m, row_ok, offs_d, dol, D,
+                            BLOCK_D, True)
+            dlt = tl.load(DELTA + bh.to(tl.int64) * Lp + offs_m)
             dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
             if HAS_DPB:
                 dp += dpb
@@ -492,15 +536,16 @@ def _headsum_tile(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m, 
 
 
 @triton.jit
-def _headsum_kernel(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, EB, DPB, OUT,
-                    sb, sk, sl, dob, dok, dol, n_heads, L, c, scale,
+def _headsum_kernel(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, EB, DPB, OUT,
+                    sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale,
                     GRAD: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
                     HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr, HAS_BIAS: tl.constexpr,
                     HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (query block, key block, batch), looping over the heads: the tile of
-    ``A = sum_k P_k`` (``GRAD=False``) or of ``G = scale sum_k dS_k`` (``GRAD=True``), both
-    (B, L, L) and zero above the diagonal."""
+    ``A = sum_k P_k`` (``GRAD=False``, from the lse) or of ``G = scale sum_k dS_k``
+    (``GRAD=True``, from the rows of _pre_kernel), both (B, L, L) and zero above the
+    diagonal."""
     start_m = tl.program_id(0) * BLOCK_M
     start_n = tl.program_id(1) * BLOCK_N
     b = tl.program_id(2)
@@ -521,15 +566,15 @@ def _headsum_kernel(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, EB, DPB, OUT,
         if HAS_DPB:
             dpb = _square_tile(DPB + b.to(tl.int64) * L * L, offs_m, offs_n, L, True).to(ACC)
         if start_n + BLOCK_N <= start_m:
-            acc = _headsum_tile(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m,
+            acc = _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m,
                                 offs_n, row_ok, col_ok, offs_d, sb, sk, sl, dob, dok, dol,
-                                n_heads, L, c, scale, start_m, False, GRAD, D, HAS_ALIBI,
+                                n_heads, L, Lp, c, scale, start_m, False, GRAD, D, HAS_ALIBI,
                                 HAS_SELF, HAS_CROSS, HAS_BIAS, HAS_DPB, ACC, PREC, BLOCK_M,
                                 BLOCK_N, BLOCK_D)
         else:
-            acc = _headsum_tile(Q, KV, DO, LSE, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m,
+            acc = _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m,
                                 offs_n, row_ok, col_ok, offs_d, sb, sk, sl, dob, dok, dol,
-                                n_heads, L, c, scale, start_m, True, GRAD, D, HAS_ALIBI,
+                                n_heads, L, Lp, c, scale, start_m, True, GRAD, D, HAS_ALIBI,
                                 HAS_SELF, HAS_CROSS, HAS_BIAS, HAS_DPB, ACC, PREC, BLOCK_M,
                                 BLOCK_N, BLOCK_D)
         tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask)
@@ -584,6 +629,9 @@ def _extra_grads_kernel(G, A, QE, KE, DOE, DQE, DKE, L, DE, sqb, sql, skb, skl, 
 
 # ------------------------------------------------------------------------------------ configurations
 
+ROW_PAD = 128  # padding of the backward's row vectors: the longest query tile
+
+
 def _cfg(num_warps=4, num_stages=2, **blocks):
     return dict(blocks, num_warps=num_warps, num_stages=num_stages)
 
@@ -602,7 +650,19 @@ INTERPRETER_CONFIGS = {
 # default (used with CEMLIB_AUTOTUNE=0, and the one the compile report counts instructions of).
 # Every entry compiles for sm_90 in bf16 without register spills (benchmarks/compile_kernels.py
 # --sweep prunes the candidates of benchmarks/compile_kernels.py:candidates to this list).
-GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {}
+_PROVISIONAL = dict(fwd=_cfg(8, 3, BLOCK_M=128, BLOCK_N=128), pre=_cfg(4, 2, BLOCK_M=64, BLOCK_N=64),
+                   bwd=_cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=64),
+                   headsum=_cfg(4, 2, BLOCK_M=64, BLOCK_N=64),
+                   extra_grads=_cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64))
+GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
+    name: {w: [c] for w in ((0,) if name == "extra_grads" else (64, 128, 256))}
+    for name, c in _PROVISIONAL.items()}
+
+
+def _check_pad(name: str, cfg: dict) -> None:
+    """The backward's row vectors are padded by ROW_PAD rows: no query tile may be longer."""
+    if name in ("bwd", "headsum") and max(v for k, v in cfg.items() if k.startswith("BLOCK")) > ROW_PAD:
+        raise ValueError(f"{name} tiles longer than ROW_PAD = {ROW_PAD}: {cfg}")
 
 
 def _gpu_configs(name: str, block_d: int) -> list[dict]:
@@ -620,6 +680,10 @@ def use_configs(**configs):
     """Run the named kernels (``fwd``, ``pre``, ``bwd``, ``headsum``, ``extra_grads``) with the
     given meta-parameters (tile sizes, and on a GPU ``num_warps``/``num_stages``) instead of the
     interpreter's or the autotuned ones: ``with use_configs(fwd=dict(BLOCK_M=16, BLOCK_N=32)):``."""
+    for name, cfg in configs.items():
+        if name not in INTERPRETER_CONFIGS:
+            raise ValueError(f"unknown kernel {name!r}; one of {sorted(INTERPRETER_CONFIGS)}")
+        _check_pad(name, cfg)
     previous = dict(_override)
     _override.update(configs)
     try:
@@ -733,49 +797,53 @@ class _Call:
                      *self.strides, self.K, self.L, self.c))
         return o, lse
 
-    def head_sum(self, lse, e2, do=None, delta=None, dpb=None):
-        """``A = sum_k P_k`` or, with ``do``/``delta``, ``G = scale sum_k dS_k``: (B, L, L) in
-        the input dtype, zero above the diagonal."""
+    def head_sum(self, lse, e2, do=None, rows=None, dpb=None):
+        """``A = sum_k P_k`` or, with ``do`` and the padded ``rows = (R, DELTA)`` of the
+        backward, ``G = scale sum_k dS_k``: (B, L, L) in the input dtype, zero above the
+        diagonal."""
         out = torch.empty((self.B, self.L, self.L), dtype=self.q.dtype, device=self.device)
         grad = do is not None
+        r, delta = rows if grad else (lse, lse)
         do = do if grad else self.q
         m, n = self.blocks("BLOCK_M"), self.blocks("BLOCK_N")
         self.launch("headsum", _headsum_kernel, lambda cfg: (m(cfg), n(cfg), self.B),
-                    (self.q, self.kv, do, lse, delta if grad else lse, *self.vec, e2,
+                    (self.q, self.kv, do, lse, r, delta, *self.vec, e2,
                      dpb if dpb is not None else e2, out, *self.strides, *do.stride()[:3],
-                     self.K, self.L, self.c, self.scale),
+                     self.K, self.L, self.L + ROW_PAD, self.c, self.scale),
                     GRAD=grad, HAS_DPB=dpb is not None)
         return out
 
     def backward(self, o, lse, do, dlse, e2, dpb, need_self, need_cross, need_slope):
-        """``(dq, dkv, dalibi, dself, dcross, delta)``; gradients not needed are ``None``."""
+        """``(dq, dkv, dalibi, dself, dcross, rows)``: gradients not needed are ``None``;
+        ``rows = (R, DELTA)``, the padded row vectors of :func:`_pre_kernel`."""
         B, K, L = self.B, self.K, self.L
+        Lp = L + ROW_PAD
         dstr = do.stride()[:3]
-        delta = torch.empty((B, K, L), dtype=self.acc, device=self.device)
+        r = torch.empty((B, K, Lp), dtype=self.acc, device=self.device)
+        delta = torch.empty_like(r)
         bias_grad = need_self or need_cross
-        dsii = torch.empty_like(delta) if bias_grad else delta
+        dsii = torch.empty((B, K, L), dtype=self.acc, device=self.device) if bias_grad else r
         common = (*self.vec, e2 if e2 is not None else self.q, dpb if dpb is not None else self.q)
         dlse_arg = dlse if dlse is not None else lse
-        m = self.blocks("BLOCK_M")
-        self.launch("pre", _pre_kernel, lambda cfg: (m(cfg), B * K),
-                    (self.q, self.kv, o, do, lse, dlse_arg, delta, dsii, *common, *self.strides,
-                     *dstr, K, L, self.c, self.scale),
+        self.launch("pre", _pre_kernel, lambda cfg: (triton.cdiv(Lp, cfg["BLOCK_M"]), B * K),
+                    (self.q, self.kv, o, do, lse, dlse_arg, r, delta, dsii, *common,
+                     *self.strides, *dstr, K, L, Lp, self.c, self.scale),
                     HAS_DLSE=dlse is not None, BIAS_GRAD=bias_grad, HAS_DPB=dpb is not None)
         dq, dkv = torch.empty_like(self.q), torch.empty_like(self.kv)
-        dself = torch.empty_like(self.self_bias) if need_self else delta
-        dcross = torch.empty_like(self.cross_bias) if need_cross else delta
-        dsdist = torch.empty_like(delta) if need_slope else delta
+        dself = torch.empty_like(self.self_bias) if need_self else r
+        dcross = torch.empty_like(self.cross_bias) if need_cross else r
+        dsdist = torch.empty((B, K, L), dtype=self.acc, device=self.device) if need_slope else r
         n = self.blocks("BLOCK_N1")
         self.launch("bwd", _bwd_kernel, lambda cfg: (n(cfg), B * K),
-                    (self.q, self.kv, do, dq, dkv, lse, delta, dsii, dlse_arg, dself, dcross,
-                     dsdist, *common, *self.strides, *dstr, K, B, L, self.c, self.scale),
+                    (self.q, self.kv, do, dq, dkv, r, delta, dsii, dlse_arg, dself, dcross,
+                     dsdist, *common, *self.strides, *dstr, K, B, L, Lp, self.c, self.scale),
                     HAS_DPB=dpb is not None, HAS_DLSE=dlse is not None, SELF_GRAD=need_self,
                     CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope)
         dalibi = None
         if need_slope:  # d s_ij / d m = -(i - j); the kernel summed (scale dS_ij)(i - j)
             dalibi = (dsdist.sum((0, 2)) * (-1.0 / self.scale)).to(self.alibi.dtype)
         return (dq, dkv, dalibi, dself if need_self else None, dcross if need_cross else None,
-                delta)
+                (r, delta))
 
 
 def _extra_grads(g, a, q_extra, k_extra, doe):
@@ -829,12 +897,12 @@ def backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, 
     if doe is not None and a is not None:  # o_extra = A k_e: dA = do_e k_e^T reaches every dP_k
         dpb = torch.bmm(doe, k_extra.transpose(1, 2))
     need_slope = bool(needs[2])
-    dq, dkv, dalibi, dself, dcross, delta = run.backward(o, lse, do, dlse, e2, dpb,
+    dq, dkv, dalibi, dself, dcross, rows = run.backward(o, lse, do, dlse, e2, dpb,
                                                          bool(needs[3]), bool(needs[4]),
                                                          need_slope)
     dqe = dke = None
     if q_extra is not None and (needs[5] or needs[6]):
-        g = run.head_sum(lse, e2, do, delta, dpb)
+        g = run.head_sum(lse, e2, do, rows, dpb)
         dqe, dke = _extra_grads(g, a, q_extra, k_extra, doe if dpb is not None else None)
     return (dq, dkv, dalibi, dself, dcross, dqe if needs[5] else None,
             dke if needs[6] else None)
