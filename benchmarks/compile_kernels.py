@@ -65,6 +65,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_triton as ta  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.train.results import git_commit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -428,21 +429,9 @@ def prune(records) -> dict:
     return dict(table)
 
 
-def _git():
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
-                              text=True).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                    cwd=HERE, capture_output=True, text=True).stdout.strip())
-    except OSError:  # no git on this machine
-        return None, None
-    return head, dirty
-
-
 def _env():
-    head, dirty = _git()
     return dict(triton=triton.__version__, torch=torch.__version__, python=sys.version.split()[0],
-                git_commit=head, git_dirty=dirty,
+                git_commit=git_commit(HERE),
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 

@@ -1,13 +1,13 @@
-"""Which path the fused attention kernels take for CEM's extra query/key pair (eq. 12's diagonal).
+"""Which kernels and path the fused attention takes for CEM's extra query/key pair (eq. 12's diagonal).
 
-A leaf module: :mod:`cemlib.kernels.dispatch`, :mod:`cemlib.kernels.ops` and
-:mod:`cemlib.kernels.tied_attention_triton` all import it, and it imports none of them, so the
-kernels package has no import cycle.
+A leaf module: :mod:`cemlib.kernels.dispatch`, :mod:`cemlib.kernels.ops`,
+:mod:`cemlib.kernels.tied_attention_triton` and :mod:`cemlib.kernels.tied_attention_v2` all import
+it, and it imports none of them (nor Triton), so the kernels package has no import cycle.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_TILE_EXTRA", "extra_path"]
+__all__ = ["MAX_TILE_EXTRA", "extra_path", "v2_covers"]
 
 MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
 
@@ -31,3 +31,12 @@ def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str
     if wide and q_extra.dim() == 3 and (not extra_values or extra_head_sum):
         return "logits"
     return "tile"
+
+
+def v2_covers(q_extra, extra_values: bool, extra_head_sum: bool = False) -> bool:
+    """Whether the second version of the kernels (:mod:`cemlib.kernels.tied_attention_v2`)
+    computes the call: no extra pair, or a head-shared one (``q_extra`` of shape (B, L, D_e), any
+    width) without extra values or with head-summed ones (the default CEM layer). It always takes
+    such a pair on the shared-logits path. Per-head pairs and per-head extra values are left to
+    the first version (:mod:`cemlib.kernels.tied_attention_triton`, the ``"tile"`` path)."""
+    return q_extra is None or (q_extra.dim() == 3 and (not extra_values or extra_head_sum))

@@ -52,7 +52,7 @@ skipping the zero triangle of ``G`` and ``A``. ``E`` and ``A`` are kept for the 
 Inputs may be strided views (the layers' head split ``(B, L, K, D) -> (B, K, L, D)``) as long as
 the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out like ``q``, so that
 the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 10 with
-the default CEM layer's shared diagonal (``tests/test_kernels_launches.py`` counts them).
+the default CEM layer's shared diagonal (``tests/test_kernels_v2.py`` counts them).
 
 ``torch.compile``: in eager mode the call is one plain ``torch.autograd.Function``; while
 compiling, the same forward and backward run as two opaque ``torch.library`` custom ops (no
@@ -72,6 +72,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.library import custom_op
+
+from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
@@ -125,18 +127,18 @@ def _square_tile(X, offs_m, offs_n, L, BAND: tl.constexpr):
 
 @triton.jit
 def _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
-                 HAS_CROSS: tl.constexpr):
+                 HAS_CROSS: tl.constexpr, ACC: tl.constexpr):
     """Head ``k``'s biases in log2 units: ALiBi slope, the diagonal's bias relative to the
     off-diagonal ones (``b_self - b_cross``), and ``b_cross`` (which only enters the lse)."""
     slope2 = 0.0
     diag2 = 0.0
     cross2 = 0.0
     if HAS_ALIBI:
-        slope2 = tl.load(SLOPE + k).to(tl.float32) * LOG2E
+        slope2 = tl.load(SLOPE + k).to(ACC) * LOG2E
     if HAS_SELF:
-        diag2 = tl.load(SELF + k).to(tl.float32) * LOG2E
+        diag2 = tl.load(SELF + k).to(ACC) * LOG2E
     if HAS_CROSS:
-        cross2 = tl.load(CROSS + k).to(tl.float32) * LOG2E
+        cross2 = tl.load(CROSS + k).to(ACC) * LOG2E
         diag2 = diag2 - cross2
     return slope2, diag2, cross2
 
@@ -219,7 +221,8 @@ def _fwd_kernel(Q, KV, O, LSE, SLOPE, SELF, CROSS, EB, sb, sk, sl, n_heads, L, c
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < L
     q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
-    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
+                                         ACC)
     ramp = _alibi_ramp(slope2, BLOCK_N, HAS_ALIBI)
     eb = EB + b.to(tl.int64) * L * L
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
@@ -287,7 +290,8 @@ def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, SLOPE, SELF, CROSS, EB,
     pad_ok = offs_m < Lp
     rows = bh.to(tl.int64) * L + offs_m
     prow = bh.to(tl.int64) * Lp + offs_m
-    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
+                                         ACC)
     lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
     rr = lse * LOG2E - cross2
     tl.store(R + prow, rr, mask=pad_ok)
@@ -424,7 +428,8 @@ def _bwd_kernel(Q, KV, DO, DQ, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST,
     dpb = DPB + b.to(tl.int64) * L * L
     start = pid * BLOCK_N1
     offs_d = tl.arange(0, BLOCK_D)
-    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS)
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
+                                         ACC)
     HAS_DIAG: tl.constexpr = HAS_SELF or HAS_CROSS
 
     # d kv of keys [start, start + BLOCK_N1): query tiles from the diagonal down
@@ -509,7 +514,7 @@ def _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_
         q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
         kv = _load_rows(KV + base, offs_n, col_ok, offs_d, sl, D, BLOCK_D, True)
         slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF,
-                                             HAS_CROSS)
+                                             HAS_CROSS, ACC)
         if GRAD:  # the padded row offsets of _pre_kernel
             r = tl.load(R + bh.to(tl.int64) * Lp + offs_m)
         else:
@@ -627,7 +632,7 @@ def _extra_grads_kernel(G, A, QE, KE, DOE, DQE, DKE, L, DE, sqb, sql, skb, skl, 
              acc.to(out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-# ------------------------------------------------------------------------------------ configurations
+# ------------------------------------------------------------------------------- configurations
 
 ROW_PAD = 128  # padding of the backward's row vectors: the longest query tile
 
@@ -661,7 +666,8 @@ GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
 
 def _check_pad(name: str, cfg: dict) -> None:
     """The backward's row vectors are padded by ROW_PAD rows: no query tile may be longer."""
-    if name in ("bwd", "headsum") and max(v for k, v in cfg.items() if k.startswith("BLOCK")) > ROW_PAD:
+    tiles = [v for k, v in cfg.items() if k.startswith("BLOCK")]
+    if name in ("bwd", "headsum") and max(tiles) > ROW_PAD:
         raise ValueError(f"{name} tiles longer than ROW_PAD = {ROW_PAD}: {cfg}")
 
 
@@ -730,10 +736,9 @@ def _launch(name, kernel, grid, args, meta, block_d, device):
 # ------------------------------------------------------------------------------------ host code
 
 def covers(q_extra, extra_values: bool, extra_head_sum: bool) -> bool:
-    """Whether this module computes the call: no extra pair, or a head-shared one (``q_extra``
-    of shape (B, L, D_e)) without extra values or with head-summed ones. Per-head pairs and
-    per-head extra values are left to :mod:`cemlib.kernels.tied_attention_triton`."""
-    return q_extra is None or (q_extra.dim() == 3 and (not extra_values or extra_head_sum))
+    """Whether this module computes the call (:func:`cemlib.kernels.paths.v2_covers`): no extra
+    pair, or a head-shared one (B, L, D_e) without extra values or with head-summed ones."""
+    return v2_covers(q_extra, extra_values, extra_head_sum)
 
 
 def _check_interpreter_dtype(t: Tensor) -> None:
