@@ -435,6 +435,20 @@ def _env():
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
+def _sweep_payload(records, env, command, widths, t0):
+    table = prune(records)
+    for name, by_width in table.items():
+        for width, cfgs in by_width.items():
+            n = len({json.dumps(r["config"], sort_keys=True) for r in records
+                     if r["name"] == name and (name == "extra_grads" or r["width"] == width)})
+            print(f"{name} width {width}: {len(cfgs)} of {n} candidates spill-free; "
+                  f"default {cfgs[0] if cfgs else None}")
+    return dict(benchmark="compile_kernels --sweep",
+                note="v2 autotune candidates compiled for sm_90 in bf16 without a GPU; no timings",
+                env=env, command=command, widths=widths, spill_free=table,
+                total_compile_s=round(time.perf_counter() - t0, 1), records=records)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=[90, 80],
@@ -446,28 +460,29 @@ def main(argv=None):
                    help="padded head widths for --sweep")
     p.add_argument("--kernels", nargs="+", default=list(V2_KERNELS), choices=list(V2_KERNELS),
                    help="v2 kernels for --sweep")
+    p.add_argument("--merge", nargs="+", metavar="FILE",
+                   help="combine --sweep files of parts of the kernels into one")
     p.add_argument("--out", help="JSON path (default: benchmarks/results/compile_kernels.json, "
-                                 "or compile_kernels_sweep.json with --sweep)")
+                                 "or compile_kernels_sweep.json with --sweep/--merge)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    if args.sweep:
-        records = sweep(args.widths, names=tuple(args.kernels))
-        table = prune(records)
-        payload = dict(benchmark="compile_kernels --sweep",
-                       note="v2 autotune candidates compiled for sm_90 in bf16 without a GPU; "
-                            "no timings",
-                       env=_env(), command="python benchmarks/compile_kernels.py --sweep "
-                       + " ".join(argv if argv is not None else sys.argv[1:]),
-                       widths=args.widths, spill_free=table,
-                       total_compile_s=round(time.perf_counter() - t0, 1), records=records)
+    env = _env()  # the code compiled is the code at the start
+    command = "python benchmarks/compile_kernels.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    if args.merge:
+        parts = [json.load(open(f)) for f in args.merge]
+        commits = {part["env"]["git_commit"] for part in parts}
+        if len(commits) != 1:
+            raise SystemExit(f"sweep parts from different commits: {commits}")
+        records = [r for part in parts for r in part["records"]]
+        payload = _sweep_payload(records, parts[0]["env"],
+                                 [part["command"] for part in parts], parts[0]["widths"], t0)
+        payload["total_compile_s"] = sum(part["total_compile_s"] for part in parts)
         out = args.out or os.path.join(HERE, "results", "compile_kernels_sweep.json")
-        for name, widths in table.items():
-            for width, cfgs in widths.items():
-                n = sum(1 for r in records if r["name"] == name and (
-                    name == "extra_grads" or r["width"] == width)) // max(
-                    1, len({r["variant"] for r in records if r["name"] == name}))
-                print(f"{name} width {width}: {len(cfgs)} of {n} candidates spill-free; "
-                      f"default {cfgs[0] if cfgs else None}")
+    elif args.sweep:
+        records = sweep(args.widths, names=tuple(args.kernels))
+        payload = _sweep_payload(records, env, command, args.widths, t0)
+        out = args.out or os.path.join(HERE, "results", "compile_kernels_sweep.json")
     else:
         dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16,
                                                       torch.float32]
@@ -486,7 +501,8 @@ def main(argv=None):
         payload = dict(
             benchmark="compile_kernels",
             note="ahead-of-time compilation without a GPU; no timings",
-            env=_env(), archs=[f"sm_{a}" for a in args.arch], dtypes=[str(d) for d in dtypes],
+            env=env, command=command, archs=[f"sm_{a}" for a in args.arch],
+            dtypes=[str(d) for d in dtypes],
             method=("loops: backward branches of cuobjdump -sass; non-MMA instructions of the "
                     "loop body (all but HGMMA/HMMA) divided by the score elements one thread "
                     "owns per iteration, BLOCK_M x BLOCK_N / (32 num_warps)"),

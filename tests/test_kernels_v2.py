@@ -203,9 +203,11 @@ def test_v2_keeps_the_layers_head_layout():
 
 def test_v2_covers_and_refuses():
     q = torch.empty(1, 2, 5, 8)
-    assert v2.covers(None, False, False) and dispatch.v2_covers(torch.empty(1, 5, 7), True, True)
-    assert not v2.covers(torch.empty(1, 2, 5, 7), True, True)  # per-head pair: version 1
-    assert not v2.covers(torch.empty(1, 5, 7), True, False)  # per-head extra values: version 1
+    assert v2.covers(q, None, False, False)
+    assert dispatch.v2_covers(q, torch.empty(1, 5, 7), True, True)
+    assert not v2.covers(q, torch.empty(1, 2, 5, 7), True, True)  # per-head pair: version 1
+    assert not v2.covers(q, torch.empty(1, 5, 7), True, False)  # per-head extra values: v1
+    assert not v2.covers(torch.empty(1, 2, 5, 129), None, False, False)  # wide heads: v1
     with pytest.raises(ValueError, match="per-head"):
         v2.tied_attention(q, q, scale=1.0, q_extra=torch.empty(1, 2, 5, 7),
                           k_extra=torch.empty(1, 5, 7))

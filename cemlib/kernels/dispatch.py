@@ -28,9 +28,9 @@ Backends:
 
 **Two versions of the attention kernels.** With ``"auto"`` or ``"triton"``, attention runs on
 version 2 (:mod:`cemlib.kernels.tied_attention_v2`: FlashAttention-2 structure, one backward
-launch, autotuned) whenever it covers the call (:func:`cemlib.kernels.paths.v2_covers`): no
-extra pair, or the head-shared extra pair of the default CEM layer with head-summed values.
-Per-head extra pairs and per-head extra values go to version 1
+launch, autotuned) whenever it covers the call (:func:`cemlib.kernels.paths.v2_covers`): head
+width at most 128, and no extra pair or the head-shared extra pair of the default CEM layer with
+head-summed values. Per-head extra pairs, per-head extra values and wider heads go to version 1
 (:mod:`cemlib.kernels.tied_attention_triton`, through the custom ops of
 :mod:`cemlib.kernels.ops`). To compare the two on the same call:
 
@@ -121,12 +121,12 @@ def _use_triton(x: torch.Tensor, supported: bool) -> bool:
 
 def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -> bool:
     """Whether ``"auto"`` sends this attention call to the kernels (on CUDA): fp16/bf16,
-    head width <= 256, and an extra pair (if any) that version 2 takes (:func:`v2_covers`) or
-    that fits version 1's register tiles (a per-head pair, or per-head extra values, at most
-    :data:`MAX_TILE_EXTRA` wide; wider ones would spill)."""
+    head width <= 256, and no extra pair that only version 1's spilling wide-tile path could
+    serve (a per-head pair, or per-head extra values, wider than :data:`MAX_TILE_EXTRA`). Which
+    version runs it: :func:`v2_covers`."""
+    path = extra_path(q_extra, extra_values, extra_head_sum)
     return (q.dtype in _AUTO_DTYPES and q.shape[-1] <= 256
-            and (v2_covers(q_extra, extra_values, extra_head_sum)
-                 or q_extra.shape[-1] <= MAX_TILE_EXTRA))
+            and (path != "tile" or q_extra.shape[-1] <= MAX_TILE_EXTRA))
 
 
 def _ops():
@@ -188,7 +188,7 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
               q_extra=q_extra, k_extra=k_extra, extra_values=extra_values,
               extra_head_sum=extra_head_sum)
     if _use_triton(q, attention_fused(q, q_extra, extra_values, extra_head_sum)):
-        if get_backend() != "triton_v1" and v2_covers(q_extra, extra_values, extra_head_sum):
+        if get_backend() != "triton_v1" and v2_covers(q, q_extra, extra_values, extra_head_sum):
             return _v2().tied_attention(q, kv, **kw)
         return _ops().tied_attention(q, kv, **kw)
     backend, closed_form = get_backend(), tied_attention_torch.supported(q, alibi)

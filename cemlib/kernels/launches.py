@@ -31,7 +31,8 @@ __all__ = ["Launches", "count_launches", "NO_KERNEL"]
 # ATen operators that allocate or only describe a tensor: no kernel on a GPU
 NO_KERNEL = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
-    "lift_fresh", "set_", "resize_", "is_same_size", "_reshape_alias", "sym_size", "sym_stride",
+    "lift_fresh", "set_", "resize_", "is_same_size", "_reshape_alias", "_unsafe_view", "sym_size",
+    "sym_stride",
     "sym_numel", "sym_storage_offset", "is_contiguous", "is_non_overlapping_and_dense",
 })
 

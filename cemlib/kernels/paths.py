@@ -7,9 +7,10 @@ it, and it imports none of them (nor Triton), so the kernels package has no impo
 
 from __future__ import annotations
 
-__all__ = ["MAX_TILE_EXTRA", "extra_path", "v2_covers"]
+__all__ = ["MAX_TILE_EXTRA", "V2_MAX_HEAD_DIM", "extra_path", "v2_covers"]
 
 MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
+V2_MAX_HEAD_DIM = 128  # widest head the second version of the kernels takes
 
 
 def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str | None:
@@ -33,10 +34,13 @@ def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str
     return "tile"
 
 
-def v2_covers(q_extra, extra_values: bool, extra_head_sum: bool = False) -> bool:
+def v2_covers(q, q_extra, extra_values: bool, extra_head_sum: bool = False) -> bool:
     """Whether the second version of the kernels (:mod:`cemlib.kernels.tied_attention_v2`)
-    computes the call: no extra pair, or a head-shared one (``q_extra`` of shape (B, L, D_e), any
-    width) without extra values or with head-summed ones (the default CEM layer). It always takes
-    such a pair on the shared-logits path. Per-head pairs and per-head extra values are left to
-    the first version (:mod:`cemlib.kernels.tied_attention_triton`, the ``"tile"`` path)."""
-    return q_extra is None or (q_extra.dim() == 3 and (not extra_values or extra_head_sum))
+    computes the call: head width (``q.shape[-1]``) at most :data:`V2_MAX_HEAD_DIM` (its
+    autotune space is pruned for those widths), and no extra pair, or a head-shared one
+    (``q_extra`` of shape (B, L, D_e), any width) without extra values or with head-summed ones
+    (the default CEM layer), which it always takes on the shared-logits path. Per-head pairs,
+    per-head extra values and wider heads are left to the first version
+    (:mod:`cemlib.kernels.tied_attention_triton`)."""
+    return q.shape[-1] <= V2_MAX_HEAD_DIM and (
+        q_extra is None or (q_extra.dim() == 3 and (not extra_values or extra_head_sum)))

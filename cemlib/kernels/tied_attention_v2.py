@@ -1,10 +1,10 @@
 """Tied causal attention (K = V), version 2: FlashAttention-2 structure, work per score element cut.
 
 Computes exactly :func:`cemlib.kernels.reference.tied_attention` (CEM [arXiv] eq. 3 = [ICLR]
-eq. 2 with the Appendix B biases; the contract and formulas are in that module), for a call with
-no extra query/key pair, or with the head-shared pair of the default CEM layer (CEM eq. 12's
-diagonal, ``q_extra`` of shape (B, L, D_e)) and head-summed extra values. Per-head extra pairs
-and per-head extra values are served by the first version
+eq. 2 with the Appendix B biases; the contract and formulas are in that module), for a call with a
+head width up to 128 and no extra query/key pair, or with the head-shared pair of the default CEM
+layer (CEM eq. 12's diagonal, ``q_extra`` of shape (B, L, D_e)) and head-summed extra values.
+Per-head extra pairs, per-head extra values and wider heads are served by the first version
 (:mod:`cemlib.kernels.tied_attention_triton`; :func:`covers` says which calls this module takes).
 
 What changed against the first version, and why (``benchmarks/NOTES.md`` has the measurements):
@@ -51,7 +51,7 @@ skipping the zero triangle of ``G`` and ``A``. ``E`` and ``A`` are kept for the 
 
 Inputs may be strided views (the layers' head split ``(B, L, K, D) -> (B, K, L, D)``) as long as
 the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out like ``q``, so that
-the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 10 with
+the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 9 with
 the default CEM layer's shared diagonal (``tests/test_kernels_v2.py`` counts them).
 
 ``torch.compile``: in eager mode the call is one plain ``torch.autograd.Function``; while
@@ -660,7 +660,7 @@ _PROVISIONAL = dict(fwd=_cfg(8, 3, BLOCK_M=128, BLOCK_N=128), pre=_cfg(4, 2, BLO
                    headsum=_cfg(4, 2, BLOCK_M=64, BLOCK_N=64),
                    extra_grads=_cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64))
 GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
-    name: {w: [c] for w in ((0,) if name == "extra_grads" else (64, 128, 256))}
+    name: {w: [c] for w in ((0,) if name == "extra_grads" else (64, 128))}
     for name, c in _PROVISIONAL.items()}
 
 
@@ -735,10 +735,11 @@ def _launch(name, kernel, grid, args, meta, block_d, device):
 
 # ------------------------------------------------------------------------------------ host code
 
-def covers(q_extra, extra_values: bool, extra_head_sum: bool) -> bool:
-    """Whether this module computes the call (:func:`cemlib.kernels.paths.v2_covers`): no extra
-    pair, or a head-shared one (B, L, D_e) without extra values or with head-summed ones."""
-    return v2_covers(q_extra, extra_values, extra_head_sum)
+def covers(q, q_extra, extra_values: bool, extra_head_sum: bool) -> bool:
+    """Whether this module computes the call (:func:`cemlib.kernels.paths.v2_covers`): head
+    width at most 128, and no extra pair or a head-shared one (B, L, D_e) without extra values
+    or with head-summed ones."""
+    return v2_covers(q, q_extra, extra_values, extra_head_sum)
 
 
 def _check_interpreter_dtype(t: Tensor) -> None:
@@ -1018,9 +1019,10 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
     returns ``(o, lse[, o_extra])`` (``o_extra`` head-summed, (B, L, D_e)). Takes the calls
     :func:`covers` accepts (a ``ValueError`` otherwise); inputs are not validated further
     (:func:`cemlib.kernels.dispatch.tied_attention` does that)."""
-    if not covers(q_extra, extra_values, extra_head_sum):
-        raise ValueError("tied_attention_v2 takes no extra pair or a head-shared one (B, L, D_e) "
-                         "with head-summed extra values; per-head pairs or values go to "
+    if not covers(q, q_extra, extra_values, extra_head_sum):
+        raise ValueError("tied_attention_v2 takes head widths up to 128 and no extra pair or a "
+                         "head-shared one (B, L, D_e) with head-summed extra values; per-head "
+                         "pairs or values and wider heads go to "
                          "cemlib.kernels.tied_attention_triton (v1)")
     extra_values = bool(extra_values)
     if torch.compiler.is_compiling():
