@@ -30,12 +30,15 @@ diagonal); the tied gated-MLP step forward and backward; the DPLR preconditioner
 and fp32.
 
 ``--sweep`` compiles the candidate autotune space of every v2 kernel (:func:`candidates`) for
-sm_90 in bf16, in two variants (ALiBi and self/cross biases; the shared-diagonal path with every
-gradient), and writes ``results/compile_kernels_sweep.json``; ``GPU_CONFIGS`` is the spill-free
-part of it (``tests/test_kernels_compile.py`` checks that it stays so).
+sm_90 in bf16, in the variant that makes each kernel heaviest (:data:`SWEEP_VARIANT`), and writes
+``results/compile_kernels_sweep.json``; ``GPU_CONFIGS`` is the spill-free part of it, the
+configuration with the fewest non-MMA instructions per element first
+(``tests/test_kernels_compile.py`` checks that it stays so).
 
-Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--out FILE]``
-(``--quick``: bf16 only), ``python benchmarks/compile_kernels.py --sweep [--widths 64 128]``.
+Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--case TEXT] [--out FILE]``
+(``--quick``: bf16 only; ``--case``: only the cases whose name contains TEXT),
+``python benchmarks/compile_kernels.py --sweep [--widths 64 128] [--kernels ...]``, and
+``--merge FILE ...`` to combine sweeps run in parts.
 Relies on Triton internals (``JITFunction.run(warmup=True)``, ``triton.runtime.driver``),
 checked on Triton 3.9.
 """
@@ -302,10 +305,13 @@ def _record(arch, case, name, kw, kernel, wall, version):
     return rec
 
 
-def compile_all(archs, dtypes) -> list[dict]:
+def compile_all(archs, dtypes, only=None) -> list[dict]:
+    """Every case (or those whose name contains ``only``) for every target."""
     records, seen = [], set()
     for arch in archs:
         for case, fn in cases(dtypes):
+            if only and only not in case:
+                continue
             sink = []
             t0 = time.perf_counter()
             with compile_only(arch, sink):
@@ -354,61 +360,56 @@ def candidates(name: str) -> list[dict]:
     """The candidate autotune space of one v2 kernel (before pruning by spills)."""
     warps = (4, 8)
     if name == "fwd":
-        grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
-                for m in (64, 128) for n in (32, 64, 128) for w in warps for st in (2, 3, 4)]
-    elif name == "bwd":
-        grid = [dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_N2=n2, num_warps=w, num_stages=st)
-                for n1 in (64, 128) for m1 in (16, 32, 64) for n2 in (16, 32, 64)
-                for w in warps for st in (2, 3)]
-    elif name == "pre":
-        grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
-                for m in (32, 64, 128) for n in (32, 64, 128) for w in warps for st in (1, 2)]
-    elif name == "headsum":
-        grid = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+        return [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+                for m in (64, 128) for n in (32, 64, 128) for w in warps for st in (2, 3)]
+    if name == "bwd":
+        return [dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_N2=n2, num_warps=w, num_stages=2)
+                for n1 in (64, 128) for m1 in (16, 32, 64) for n2 in (16, 32, 64) for w in warps]
+    if name in ("pre", "headsum"):
+        return [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
                 for m in (32, 64, 128) for n in (32, 64, 128) for w in warps for st in (2, 3)]
-    else:
-        grid = [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
-                for m in (64, 128) for n in (64, 128) for k in (32, 64) for w in warps
-                for st in (2, 3, 4)]
-    return grid
+    return [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
+            for m in (64, 128) for n in (64, 128) for k in (32, 64) for w in warps for st in (3, 4)]
+
+
+# The sweep compiles every candidate in the variant that makes each kernel heaviest (the default
+# CEM layer's call: ALiBi, both biases, the shared diagonal, every gradient): it holds the most
+# values live, so what does not spill there does not spill in the lighter variants (the default
+# configurations are compiled in all variants by the main report, which checks that).
+SWEEP_VARIANT = "shared-logits De=768"
 
 
 def sweep(widths, arch=90, names=tuple(V2_KERNELS), log=print) -> list[dict]:
-    """Compile every candidate of every v2 kernel (bf16, ``sm_<arch>``) in both variants that
-    run it; one record per (kernel, width, variant, configuration)."""
+    """Compile every candidate of every v2 kernel (bf16, ``sm_<arch>``) in
+    :data:`SWEEP_VARIANT`; one record per (kernel, width, configuration) (two for the head sum:
+    the sums of P and of dS)."""
     out = []
     for width in widths:
-        for variant in ("alibi+self+cross", "shared-logits De=768"):
-            extra = V2_VARIANTS[variant][1] > 0
-            for name in names:
-                if name in ("headsum", "extra_grads") and not extra:
-                    continue  # only the shared-diagonal path runs them
-                if name == "extra_grads" and width != widths[0]:
-                    continue  # independent of the head width
-                for cfg in candidates(name):
-                    sink = []
-                    t0 = time.perf_counter()
-                    with compile_only(arch, sink, {name: cfg}):
-                        v2_case(torch.bfloat16, width, variant)
-                    wall = time.perf_counter() - t0
-                    hits = [(n, kw, k) for n, kw, k in sink if n == V2_KERNELS[name]]
-                    for n, kw, k in hits[:1] if name != "headsum" else hits:
-                        rec = _record(arch, f"v2 attention d={width} {variant} bfloat16", n, kw,
-                                      k, wall, 2)
-                        rec.update(name=name, width=width, variant=variant, config=cfg)
-                        out.append(rec)
-                        main = [lp["non_mma_per_element"] for lp in rec["loops"]
-                                if not lp["band"]]
-                        log(f"{name:12s} D={width:<4d} {variant:22s} {cfg} regs "
-                            f"{rec['registers']:3d} spill {rec['spills']!s:5s} per-element "
-                            f"{main}")
+        for name in names:
+            if name == "extra_grads" and width != widths[0]:
+                continue  # independent of the head width
+            for cfg in candidates(name):
+                sink = []
+                t0 = time.perf_counter()
+                with compile_only(arch, sink, {name: cfg}):
+                    v2_case(torch.bfloat16, width, SWEEP_VARIANT)
+                wall = time.perf_counter() - t0
+                hits = [(n, kw, k) for n, kw, k in sink if n == V2_KERNELS[name]]
+                for n, kw, k in hits:
+                    rec = _record(arch, f"v2 attention d={width} {SWEEP_VARIANT} bfloat16", n, kw,
+                                  k, wall, 2)
+                    rec.update(name=name, width=width, variant=SWEEP_VARIANT, config=cfg)
+                    out.append(rec)
+                    main = [lp["non_mma_per_element"] for lp in rec["loops"] if not lp["band"]]
+                    log(f"{name:12s} D={width:<4d} {cfg} regs {rec['registers']:3d} spill "
+                        f"{rec['spills']!s:5s} per-element {main}", flush=True)
     return out
 
 
 def prune(records) -> dict:
-    """``{kernel: {width: [configs]}}``: the candidates that spill in no variant, the default
-    (the one with the fewest non-MMA instructions per element in its main loops, summed over
-    variants) first."""
+    """``{kernel: {width: [configs]}}``: the candidates that spill in none of their records, the
+    default first: the one with the fewest non-MMA instructions per element in its main loops
+    (summed over its records), then candidate order."""
     by = collections.defaultdict(list)
     for r in records:
         by[(r["name"], r["width"], json.dumps(r["config"], sort_keys=True))].append(r)
@@ -460,6 +461,7 @@ def main(argv=None):
                    help="padded head widths for --sweep")
     p.add_argument("--kernels", nargs="+", default=list(V2_KERNELS), choices=list(V2_KERNELS),
                    help="v2 kernels for --sweep")
+    p.add_argument("--case", help="only the cases whose name contains this string")
     p.add_argument("--merge", nargs="+", metavar="FILE",
                    help="combine --sweep files of parts of the kernels into one")
     p.add_argument("--out", help="JSON path (default: benchmarks/results/compile_kernels.json, "
@@ -486,7 +488,7 @@ def main(argv=None):
     else:
         dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16,
                                                       torch.float32]
-        records = compile_all(args.arch, dtypes)
+        records = compile_all(args.arch, dtypes, args.case)
         for r in records:
             print(f"{r['arch']} {r['case']:<48} {r['kernel']:<20} regs {r['registers']:>3} "
                   f"stack+local {r['stack_bytes'] + r['local_bytes']:>5} B "
