@@ -245,40 +245,44 @@ def sass_loops(sass: str) -> list[dict]:
     return loops
 
 
-def _v2_loop(kernel: str, loop: dict, kw: dict, threads: int):
-    """(kind, score elements per thread) of one MMA loop of a v2 kernel, or None."""
-    groups = loop["mma_groups"]
-    if kernel == "_fwd_kernel" and groups == 2:
-        return "forward", kw["BLOCK_M"] * kw["BLOCK_N"] / threads
-    if kernel == "_bwd_kernel" and groups == 4:
-        return "backward dkv", kw["BLOCK_N1"] * kw["BLOCK_M1"] / threads
-    if kernel == "_bwd_kernel" and groups == 3:
-        return "backward dq", kw["BLOCK_N1"] * kw["BLOCK_N2"] / threads
-    if kernel == "_pre_kernel" and groups == 1:
-        return "preprocess row pass", kw["BLOCK_M"] * kw["BLOCK_N"] / threads
-    if kernel == "_headsum_kernel" and groups in (1, 2):
-        return ("head sum of dS" if groups == 2 else "head sum of P"), \
-            kw["BLOCK_M"] * kw["BLOCK_N"] / threads
-    if kernel == "_extra_grads_kernel" and groups in (1, 2):
-        return "extra-pair gradients (GEMM, output elements)", \
-            kw["BLOCK_M"] * kw["BLOCK_N"] / threads
-    return None
+_V2_KINDS = {  # the MMA loops of each v2 kernel in source order: (kind, MMA groups, tile sizes)
+    "_fwd_kernel": [("forward", 2, ("BLOCK_M", "BLOCK_N"))],
+    "_bwd_kernel": [("backward dkv", 4, ("BLOCK_N1", "BLOCK_M1")),
+                    ("backward dq", 3, ("BLOCK_N1", "BLOCK_N2"))],
+    "_pre_kernel": [("preprocess row pass", 1, ("BLOCK_M", "BLOCK_N"))],
+    "_extra_grads_kernel": [("extra-pair gradients (GEMM, output elements)", None,
+                             ("BLOCK_M", "BLOCK_N"))],
+}
+
+
+def _v2_kinds(kernel: str, kw: dict):
+    if kernel == "_headsum_kernel":
+        return [("head sum of dS" if kw.get("GRAD") else "head sum of P", None,
+                 ("BLOCK_M", "BLOCK_N"))]
+    return _V2_KINDS.get(kernel, [])
 
 
 def loop_report(kernel: str, kw: dict, num_warps: int, sass: str, version: int) -> list[dict]:
-    """The MMA loops of one kernel with their non-MMA instructions per score element."""
+    """The MMA loops of one kernel with their non-MMA instructions per score element. A v2
+    kernel's loops are matched to its source loops (:data:`_V2_KINDS`) by their number of MMA
+    groups where the loop uses ``wgmma`` (``HGMMA ... gsb0``: one per ``tl.dot``), otherwise by
+    order (each source loop may appear as a diagonal-band copy and a copy below the band, in
+    that order for the ``d kv`` loop and the other way round for ``dq``)."""
     threads = 32 * num_warps
+    loops = [lp for lp in sass_loops(sass) if lp["mma"]]
+    kinds = _v2_kinds(kernel, kw) if version == 2 else [(kernel, None, ("BLOCK_M", "BLOCK_N"))]
     out = []
-    for loop in sass_loops(sass):
-        if not loop["mma"]:
+    for i, loop in enumerate(loops):
+        match = [k for k in kinds if k[1] is not None and k[1] == loop["mma_groups"]]
+        if not match:  # mma.sync, or one kind only: by position among the main loops
+            main = [lp for lp in loops if not lp["band"]]
+            before = sum(1 for lp in main if int(lp["start"], 16) < int(loop["start"], 16))
+            j = before if not loop["band"] else (0 if before == 0 else before - 1)
+            match = [kinds[min(j, len(kinds) - 1)]] if kinds else []
+        if not match:
             continue
-        if version == 2:
-            found = _v2_loop(kernel, loop, kw, threads)
-            if found is None:
-                continue
-            kind, elements = found
-        else:  # v1: one MMA loop per kernel, (BLOCK_M, BLOCK_N) tiles
-            kind, elements = kernel, kw["BLOCK_M"] * kw["BLOCK_N"] / threads
+        kind, _, (a, b) = match[0]
+        elements = kw[a] * kw[b] / threads
         out.append(dict(kind=kind + (" (diagonal band)" if loop["band"] else ""),
                         band=loop["band"], elements_per_thread=elements,
                         non_mma_per_element=round(loop["non_mma"] / elements, 2),
@@ -422,8 +426,10 @@ def prune(records) -> dict:
                 if n != name or w != width or any(r["spills"] or not r["fits_shared"]
                                                   for r in recs):
                     continue
-                cost = sum(lp["non_mma_per_element"] for r in recs for lp in r["loops"]
-                           if not lp["band"])
+                main = [lp["non_mma_per_element"] for r in recs for lp in r["loops"]
+                        if not lp["band"]]
+                # no main loop recognised (mma.sync, or none): listed after the others
+                cost = sum(main) if main else float("inf")
                 ok.append((cost, candidates(name).index(json.loads(key)), json.loads(key)))
             ok.sort(key=lambda t: (t[0], t[1]))
             table[name][0 if name == "extra_grads" else width] = [c for _, _, c in ok]
