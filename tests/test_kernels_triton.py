@@ -12,19 +12,12 @@ import copy
 import pytest
 import torch
 
-from triton_interpreter import CUDA, DEVICE, rerun_in_fresh_process, skip_if_stale
+from triton_interpreter import CUDA, DEVICE, kernels_usable, rerun_in_fresh_process  # noqa: F401
 
 triton = pytest.importorskip("triton")
 
 from cemlib.kernels import dispatch, ops, reference  # noqa: E402
 from cemlib.kernels import tied_attention_triton  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _kernels_usable(request):
-    skip_if_stale(request)
-    yield
-    dispatch.set_backend(None)
 
 
 def test_interpreted_suite_in_fresh_process():

@@ -35,6 +35,16 @@ def skip_if_stale(request) -> None:
                     f"in a fresh process by {FRESH_PROCESS_TEST}")
 
 
+@pytest.fixture(autouse=True)
+def kernels_usable(request):
+    """Autouse in the kernel test modules that import it: skip where the kernels cannot run in
+    this process, and return the dispatcher to its default backend after each test."""
+    skip_if_stale(request)
+    yield
+    from cemlib.kernels import dispatch
+    dispatch.set_backend(None)
+
+
 def rerun_in_fresh_process(path: str) -> None:
     """The body of each kernel test file's ``test_interpreted_suite_in_fresh_process``."""
     if not STALE_TRITON:

@@ -54,9 +54,14 @@ the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out l
 the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 9 with
 the default CEM layer's shared diagonal (``tests/test_kernels_v2.py`` counts them).
 
-``torch.compile``: in eager mode the call is one plain ``torch.autograd.Function``; while
-compiling, the same forward and backward run as two opaque ``torch.library`` custom ops (no
-graph break, no tracing into Triton).
+Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher,
+:func:`cemlib.kernels.dispatch.tied_attention`, validates them and calls it on CUDA for fp16/bf16,
+and for any dtype with the ``"triton"`` backend). In eager mode the call is one plain
+``torch.autograd.Function``; while compiling (``torch.compile``), the same forward and backward run
+as two opaque ``torch.library`` custom ops (no graph break, no tracing into Triton). First order
+only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
+``CEMLIB_AUTOTUNE=0`` (read at import) launches the first configuration of each kernel's space
+instead of autotuning; :func:`use_configs` forces configurations.
 """
 
 from __future__ import annotations
