@@ -656,17 +656,164 @@ INTERPRETER_CONFIGS = {
     "extra_grads": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16),
 }
 
-# The autotune space on a GPU, per kernel and padded head width (BLOCK_D); the first entry is the
-# default (used with CEMLIB_AUTOTUNE=0, and the one the compile report counts instructions of).
-# Every entry compiles for sm_90 in bf16 without register spills (benchmarks/compile_kernels.py
-# --sweep prunes the candidates of benchmarks/compile_kernels.py:candidates to this list).
-_PROVISIONAL = dict(fwd=_cfg(8, 3, BLOCK_M=128, BLOCK_N=128), pre=_cfg(4, 2, BLOCK_M=64, BLOCK_N=64),
-                   bwd=_cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=64),
-                   headsum=_cfg(4, 2, BLOCK_M=64, BLOCK_N=64),
-                   extra_grads=_cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64))
+# The autotune space on a GPU, per kernel and padded head width (BLOCK_D; 0: any), _cfg(num_warps,
+# num_stages, tiles). The spill-free part of the candidates of benchmarks/compile_kernels.py
+# (`candidates`), compiled for sm_90 in bf16 in the variant that holds the most values in
+# registers (the default layer's call): results/compile_kernels_sweep.json, in its order. The first
+# entry, the one with the fewest non-MMA instructions per score element, is the default (used with
+# CEMLIB_AUTOTUNE=0, and the one the compile report counts); tests/test_kernels_compile.py checks
+# that this table is the committed sweep's.
 GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
-    name: {w: [c] for w in ((0,) if name == "extra_grads" else (64, 128))}
-    for name, c in _PROVISIONAL.items()}
+    "fwd": {
+        64: [
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=128), _cfg(4, 3, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128), _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64), _cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
+        ],
+    },
+    "pre": {
+        64: [
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=128), _cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=32), _cfg(4, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=32), _cfg(8, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=64), _cfg(4, 3, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=64), _cfg(8, 3, BLOCK_M=32, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=128), _cfg(4, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+        128: [
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=32), _cfg(4, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=32), _cfg(8, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=128), _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+    },
+    "bwd": {
+        64: [
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+        ],
+    },
+    "headsum": {
+        64: [
+            _cfg(4, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=32, BLOCK_N=32), _cfg(8, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
+            _cfg(4, 3, BLOCK_M=32, BLOCK_N=64), _cfg(8, 2, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=64), _cfg(8, 2, BLOCK_M=32, BLOCK_N=128),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=32, BLOCK_N=32), _cfg(8, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=64), _cfg(8, 3, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+    },
+    "extra_grads": {
+        0: [
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(8, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+        ],
+    },
+}
 
 
 def _check_pad(name: str, cfg: dict) -> None:
