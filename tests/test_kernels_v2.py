@@ -311,3 +311,23 @@ def test_launches_per_forward_backward():
         torch.autograd.backward([o, oe], [do, doe])
     assert n_layer.total <= 10, str(n_layer)
     assert all(leaves[n].grad is not None for n in leaves if n != "alibi")
+
+
+def test_default_cem_layer_runs_v2(monkeypatch):
+    """The default CEM layer (shared diagonal, exact diagonal values) reaches the second version
+    through the dispatcher, and its forward+backward launches fewer kernels than with the
+    first (the rest of the layer, norms and projections, is the same in both)."""
+    from cemlib.layers.cem_attention import CEMAttention
+    torch.manual_seed(0)
+    layer = CEMAttention(24, 2, init_std=0.3).to(DEVICE)
+    x = torch.randn(1, 13, 24, device=DEVICE)
+    seen, real = [], v2.forward
+    monkeypatch.setattr(v2, "forward", lambda *a: seen.append(a[6] is not None) or real(*a))
+    totals = {}
+    for backend in ("triton", "triton_v1"):
+        layer.zero_grad()
+        with dispatch.use_backend(backend), count_launches() as n:
+            layer(x).square().sum().backward()
+        totals[backend] = n.total
+    assert seen == [True]  # one call, with the shared pair, on the second version only
+    assert totals["triton"] < totals["triton_v1"], totals
