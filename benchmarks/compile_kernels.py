@@ -2,29 +2,56 @@
 
 Triton compiles for a named target (``GPUTarget("cuda", 90, 32)`` is the H100) anywhere: its
 bundled ``ptxas`` turns the generated PTX into a cubin. This script runs cemlib's own launchers
-(:mod:`cemlib.kernels.tied_attention_triton`, :mod:`cemlib.kernels.gated_mlp_triton`) on CPU
-tensors with the *GPU* tile sizes, turns each launch into a compilation (Triton's ``warmup``
-path, with a stand-in driver that names the target), and reads each cubin's resource usage with
-the bundled ``cuobjdump``: registers per thread, stack and local memory (where ptxas puts
-spilled registers), shared memory.
+(:mod:`cemlib.kernels.tied_attention_v2`, the first version
+:mod:`cemlib.kernels.tied_attention_triton`, :mod:`cemlib.kernels.gated_mlp_triton`) on CPU
+tensors with the *GPU* configurations, turns each launch into a compilation (Triton's ``warmup``
+path, with a stand-in driver that names the target), and reads each cubin with the bundled
+``cuobjdump``: registers per thread, stack and local memory (where ptxas puts spilled
+registers), shared memory, and the machine code (SASS) of every loop.
 
-It catches what the interpreter cannot: a kernel that does not compile for the GPU, or one that
-spills registers to local memory. Nothing here is timed, and nothing here is a GPU measurement:
-these are facts about the compiled code. Cases: tied attention without an extra pair, with a
-narrow one in the register tiles, and with the default CEM layer's wide shared diagonal (the
-shared-logits path), forward and backward; the tied gated-MLP step forward and backward (v1) and
-the v2 step's two element-wise kernels; the DPLR preconditioner; in bf16, fp16 and fp32.
+**Instructions per score element** (the attention kernels' loops; ``loops`` in each record): a
+loop is a backward branch of the SASS (``cuobjdump -sass``), its body the instructions from the
+branch target to the branch. Each is counted in full and split into matrix instructions
+(``HGMMA``, the sm_90 warpgroup MMA, or ``HMMA``) and the rest; the rest is divided by the score
+elements (entries of the ``q kv^T`` tile) that one thread owns in one iteration,
+``BLOCK_M x BLOCK_N / (32 num_warps)`` with the loop's own tile sizes. The loops of the v2
+kernels are told apart by what they contain: the number of MMA groups (``HGMMA ... gsb0``: one
+per ``tl.dot``; 2 in the forward, 4 in the ``d kv`` loop, 3 in the ``dq`` loop) and whether
+they mask (``FSEL ... -INF``: the diagonal band). These are static counts of the compiled
+code, not timings; the budget they are compared with is explained in ``benchmarks/NOTES.md``.
 
-Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--out FILE | --replace]``
-(``--quick``: bf16 only; the stored ``results/compile_kernels.json`` is kept unless ``--replace``:
-by default a new file is written beside it, see ``benchmarks/outputs.py``). Relies on Triton internals (``JITFunction.run(warmup=True)``,
-``triton.runtime.driver``), checked on Triton 3.9.
+It catches what the interpreter cannot: a kernel that does not compile for the GPU, one that
+spills registers to local memory, or one whose loops carry more element-wise work than planned.
+Nothing here is timed, and nothing here is a GPU measurement. Cases: v2 tied attention (plain
+causal, with ALiBi and self/cross biases, and the default CEM layer's wide shared diagonal),
+each kernel in its default configuration (``tied_attention_v2.GPU_CONFIGS``, first entry); the
+v1 attention kernels (no extra pair, a narrow one in the register tiles, the wide shared
+diagonal); the tied gated-MLP step forward and backward (v1) and the v2 step's two element-wise
+kernels (``mlp_v2_elementwise`` in the report: the width of every global access and the
+instructions per element); the DPLR preconditioner; in bf16, fp16 and fp32.
+
+``--sweep`` compiles the candidate autotune space of every v2 kernel (:func:`candidates`) for
+sm_90 in bf16, in the variant that makes each kernel heaviest (:data:`SWEEP_VARIANT`), and writes
+``results/compile_kernels_sweep.json``; ``GPU_CONFIGS`` is the spill-free part of it, the
+configuration with the fewest non-MMA instructions per element first
+(``tests/test_kernels_compile.py`` checks that it stays so).
+
+Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--case TEXT] [--out FILE | --replace]``
+(``--quick``: bf16 only; ``--case``: only the cases whose name contains TEXT; a stored result is
+kept unless ``--replace``: by default a new file is written beside it, see ``benchmarks/outputs.py``),
+``python benchmarks/compile_kernels.py --sweep [--widths 64 128] [--kernels ...]``, and
+``--merge FILE ...`` to combine sweeps run in parts.
+Relies on Triton internals (``JITFunction.run(warmup=True)``, ``triton.runtime.driver``),
+checked on Triton 3.9.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import itertools
+import json
 import os
 import re
 import subprocess
@@ -42,7 +69,9 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_triton as ta  # noqa: E402
-from outputs import RESULTS, add_output_arguments, announce, write_json  # noqa: E402
+from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.train.results import git_commit  # noqa: E402
+from outputs import RESULTS, announce, write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -66,11 +95,12 @@ class _TargetDriver:
 
 
 @contextlib.contextmanager
-def compile_only(arch: int, sink: list):
+def compile_only(arch: int, sink: list, v2_configs: dict | None = None):
     """Inside: ``kernel[grid](...)`` compiles for ``sm_<arch>`` instead of launching, appending
-    ``(kernel name, launch keywords, CompiledKernel)`` to ``sink``; GPU tile sizes are used."""
-    getitem, blocks, gate_blocks, dplr_blocks = (JITFunction.__getitem__, ta._blocks,
-                                                 gm._gate_blocks, gm._dplr_blocks)
+    ``(kernel name, launch keywords, CompiledKernel)`` to ``sink``; GPU tile sizes are used, and
+    for the v2 kernels the default configuration or the one ``v2_configs`` names."""
+    getitem, blocks, gate_blocks, dplr_blocks, select = (
+        JITFunction.__getitem__, ta._blocks, gm._gate_blocks, gm._dplr_blocks, v2._select)
     cuda = torch.device("cuda")  # only read for its .type; no GPU needed
 
     def compiling(self, grid):
@@ -78,7 +108,12 @@ def compile_only(arch: int, sink: list):
             sink.append((self.fn.__name__, kw, self.run(*args, grid=grid, warmup=True, **kw)))
         return launch
 
-    kernels = [f for m in (ta, gm) for f in vars(m).values() if isinstance(f, JITFunction)]
+    def v2_select(name, device, block_d):
+        if v2_configs and name in v2_configs:
+            return dict(v2_configs[name])
+        return dict(v2._gpu_configs(name, block_d)[0])
+
+    kernels = [f for m in (ta, gm, v2) for f in vars(m).values() if isinstance(f, JITFunction)]
     for f in kernels:  # binders cache the target per device: start clean for this arch
         f.device_caches.clear()
     previous = driver._active
@@ -87,11 +122,13 @@ def compile_only(arch: int, sink: list):
     ta._blocks = lambda L, D, DE, device, kind="fwd": blocks(L, D, DE, cuda, kind)
     gm._gate_blocks = lambda device: gate_blocks(cuda)
     gm._dplr_blocks = lambda R, device: dplr_blocks(R, cuda)
+    v2._select = v2_select
     try:
         yield
     finally:
         JITFunction.__getitem__ = getitem
         ta._blocks, gm._gate_blocks, gm._dplr_blocks = blocks, gate_blocks, dplr_blocks
+        v2._select = select
         driver._active = previous  # (reset_active() would look for a real GPU driver)
         for f in kernels:
             f.device_caches.clear()
@@ -162,9 +199,37 @@ def mlp_v2_elementwise(archs, dtypes) -> list[dict]:
     return rows
 
 
+V2_VARIANTS = {  # name: (biases, extra pair width)
+    "causal": (False, 0),
+    "alibi+self+cross": (True, 0),
+    "shared-logits De=768": (True, 768),
+}
+
+
+def v2_case(dtype, D, variant, L=128):
+    """Forward and backward launches of v2 tied attention, every gradient: ``variant`` one of
+    :data:`V2_VARIANTS` (with the extra pair: the default CEM layer's call, head-summed extra
+    values). ``q`` and ``kv`` are the layers' head-split views of a (B, L, K D) projection."""
+    B, K = 1, 12
+    biases, De = V2_VARIANTS[variant]
+    q = torch.randn(B, L, K, D, dtype=dtype).transpose(1, 2)
+    vec = [torch.rand(K) for _ in range(3)] if biases else [None] * 3
+    qe = ke = None
+    if De:
+        qe, ke = torch.randn(B, L, De, dtype=dtype), torch.randn(B, L, De, dtype=dtype)
+    o, lse, oe, e2, a = v2.forward(q, q, 0.125, *vec, qe, ke, bool(De))
+    needs = (True, True, False, biases, biases, bool(De), bool(De))
+    v2.backward(o, lse, oe, q, q, o, lse, 0.125, *vec, qe, ke, e2, a, needs)
+
+
 def cases(dtypes):
     for dtype in dtypes:
         name = str(dtype).replace("torch.", "")
+        for variant in V2_VARIANTS:
+            yield f"v2 attention d=64 {variant} {name}", \
+                lambda d=dtype, v=variant: v2_case(d, 64, v)
+        yield f"v2 attention d=128 alibi+self+cross {name}", \
+            lambda d=dtype: v2_case(d, 128, "alibi+self+cross")
         for D in (64, 128):
             yield f"attention d={D} {name}", lambda d=dtype, D=D: attention_case(d, D, 0, False)
         yield f"attention d=64 extra-in-tile De=64 {name}", \
@@ -175,15 +240,19 @@ def cases(dtypes):
         yield f"gated MLP v2 element-wise 64x3072 {name}", lambda d=dtype: mlp_v2_case(d)
 
 
-def resource_usage(cubin: bytes) -> dict:
-    """Registers, stack, local (spill) and static shared memory of a cubin, via cuobjdump."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        out = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name],
-                             capture_output=True, text=True, check=True).stdout
+        return subprocess.run([os.path.join(BIN, "cuobjdump"), flag, f.name],
+                              capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """Registers, stack, local (spill) and static shared memory of a cubin, via cuobjdump."""
+    out = _cuobjdump(cubin, "-res-usage")
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     if m is None:
         raise RuntimeError(f"unexpected cuobjdump output:\n{out}")
@@ -191,10 +260,109 @@ def resource_usage(cubin: bytes) -> dict:
                     map(int, m.groups())))
 
 
-def compile_all(archs, dtypes) -> list[dict]:
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA\s+(?:`\(\S+\)\s*)?(0x[0-9a-f]+)")
+
+
+def sass_loops(sass: str) -> list[dict]:
+    """The loops of a SASS listing (``cuobjdump -sass``): one per backward branch, its body the
+    instructions from the branch target to the branch. Per loop: instructions, matrix
+    instructions (HGMMA, HMMA), MMA groups (HGMMA ending a ``gsb0`` group: one per ``tl.dot``),
+    whether it masks the diagonal band (``FSEL ... -INF``), and the opcode histogram."""
+    body = []
+    for line in sass.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            body.append((int(m.group(1), 16), m.group(2)))
+    loops = []
+    for addr, text in body:
+        m = _BRANCH.search(text)
+        if m is None or int(m.group(1), 16) >= addr:
+            continue
+        start = int(m.group(1), 16)
+        ins = [t for a, t in body if start <= a <= addr]
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                                  for t in ins)
+        mma = ops["HGMMA"] + ops["HMMA"]
+        loops.append(dict(start=hex(start), end=hex(addr), instructions=len(ins), mma=mma,
+                          non_mma=len(ins) - mma,
+                          mma_groups=sum(1 for t in ins if "HGMMA" in t and "gsb0" in t),
+                          band=any(t.startswith("FSEL") and "-INF" in t for t in ins),
+                          opcodes=dict(ops.most_common())))
+    return loops
+
+
+_V2_KINDS = {  # the MMA loops of each v2 kernel in source order: (kind, MMA groups, tile sizes)
+    "_fwd_kernel": [("forward", 2, ("BLOCK_M", "BLOCK_N"))],
+    "_bwd_kernel": [("backward dkv", 4, ("BLOCK_N1", "BLOCK_M1")),
+                    ("backward dq", 3, ("BLOCK_N1", "BLOCK_N2"))],
+    "_pre_kernel": [("preprocess row pass", 1, ("BLOCK_M", "BLOCK_N"))],
+    "_extra_grads_kernel": [("extra-pair gradients (GEMM, output elements)", None,
+                             ("BLOCK_M", "BLOCK_N"))],
+}
+
+
+def _v2_kinds(kernel: str, kw: dict):
+    if kernel == "_headsum_kernel":
+        return [("head sum of dS" if kw.get("GRAD") else "head sum of P", None,
+                 ("BLOCK_M", "BLOCK_N"))]
+    return _V2_KINDS.get(kernel, [])
+
+
+def loop_report(kernel: str, kw: dict, num_warps: int, sass: str, version: int) -> list[dict]:
+    """The MMA loops of one kernel with their non-MMA instructions per score element. A v2
+    kernel's loops are matched to its source loops (:data:`_V2_KINDS`) by their number of MMA
+    groups where the loop uses ``wgmma`` (``HGMMA ... gsb0``: one per ``tl.dot``), otherwise by
+    order (each source loop may appear as a diagonal-band copy and a copy below the band, in
+    that order for the ``d kv`` loop and the other way round for ``dq``)."""
+    threads = 32 * num_warps
+    loops = [lp for lp in sass_loops(sass) if lp["mma"]]
+    kinds = _v2_kinds(kernel, kw) if version == 2 else [(kernel, None, ("BLOCK_M", "BLOCK_N"))]
+    out = []
+    for i, loop in enumerate(loops):
+        match = [k for k in kinds if k[1] is not None and k[1] == loop["mma_groups"]]
+        if not match:  # mma.sync, or one kind only: by position among the main loops
+            main = [lp for lp in loops if not lp["band"]]
+            before = sum(1 for lp in main if int(lp["start"], 16) < int(loop["start"], 16))
+            j = before if not loop["band"] else (0 if before == 0 else before - 1)
+            match = [kinds[min(j, len(kinds) - 1)]] if kinds else []
+        if not match:
+            continue
+        kind, _, (a, b) = match[0]
+        elements = kw[a] * kw[b] / threads
+        out.append(dict(kind=kind + (" (diagonal band)" if loop["band"] else ""),
+                        band=loop["band"], elements_per_thread=elements,
+                        non_mma_per_element=round(loop["non_mma"] / elements, 2),
+                        **{k: loop[k] for k in ("start", "end", "instructions", "mma", "non_mma",
+                                                "mma_groups", "opcodes")}))
+    return out
+
+
+def _record(arch, case, name, kw, kernel, wall, version):
+    meta = kernel.metadata
+    flags = {k: v for k, v in kw.items() if isinstance(v, (bool, int, str))}
+    usage = resource_usage(kernel.asm["cubin"])
+    shared = meta.shared + usage["static_shared_bytes"]
+    rec = dict(arch=f"sm_{arch}", case=case, kernel=name, version=version, flags=flags,
+               num_warps=meta.num_warps, num_stages=meta.num_stages,
+               dynamic_shared_bytes=meta.shared, **usage,
+               # ptxas puts spilled registers in the stack frame (local memory)
+               spills=usage["local_bytes"] + usage["stack_bytes"] > 0,
+               fits_shared=shared <= SHARED_LIMIT.get(arch, 48 * 1024),
+               case_compile_s=round(wall, 2))
+    if name not in ("_gate_kernel", "_dplr_kernel"):
+        sass = _cuobjdump(kernel.asm["cubin"], "-sass")
+        rec["loops"] = loop_report(name, kw, meta.num_warps, sass, version)
+    return rec
+
+
+def compile_all(archs, dtypes, only=None) -> list[dict]:
+    """Every case (or those whose name contains ``only``) for every target."""
     records, seen = [], set()
     for arch in archs:
         for case, fn in cases(dtypes):
+            if only and only not in case:
+                continue
             sink = []
             t0 = time.perf_counter()
             with compile_only(arch, sink):
@@ -205,19 +373,134 @@ def compile_all(archs, dtypes) -> list[dict]:
                 if key in seen:  # same specialization launched twice (e.g. fwd and bwd)
                     continue
                 seen.add(key)
-                meta = kernel.metadata
-                flags = {k: v for k, v in kw.items() if isinstance(v, (bool, int, str))}
-                usage = resource_usage(kernel.asm["cubin"])
-                shared = meta.shared + usage["static_shared_bytes"]
-                records.append(dict(
-                    arch=f"sm_{arch}", case=case, kernel=name, flags=flags,
-                    num_warps=meta.num_warps, num_stages=meta.num_stages,
-                    dynamic_shared_bytes=meta.shared, **usage,
-                    # ptxas puts spilled registers in the stack frame (local memory)
-                    spills=usage["local_bytes"] + usage["stack_bytes"] > 0,
-                    fits_shared=shared <= SHARED_LIMIT.get(arch, 48 * 1024),
-                    case_compile_s=round(wall, 2)))
+                records.append(_record(arch, case, name, kw, kernel, wall,
+                                       2 if case.startswith("v2 ") else 1))
     return records
+
+
+# Instruction budgets of the main (below-diagonal) loops, non-MMA instructions per score element
+# (benchmarks/NOTES.md derives them from the H100's issue rate and MMA throughput).
+TARGETS = {"forward": 12, "backward dkv": 20, "backward dq": 20}
+
+
+def per_element_summary(records) -> list[dict]:
+    """The main loops of the v2 attention kernels in their default configurations (sm_90),
+    against :data:`TARGETS`; the v1 kernels' loops alongside, for comparison."""
+    rows = []
+    for r in records:
+        if r["arch"] != "sm_90":
+            continue
+        for loop in r.get("loops", []):
+            target = TARGETS.get(loop["kind"]) if r["version"] == 2 else None
+            rows.append(dict(case=r["case"], kernel=r["kernel"], version=r["version"],
+                             kind=loop["kind"], non_mma_per_element=loop["non_mma_per_element"],
+                             elements_per_thread=loop["elements_per_thread"],
+                             target=target,
+                             met=None if target is None else
+                             loop["non_mma_per_element"] <= target))
+    return rows
+
+
+# ------------------------------------------------------------------------------ autotune sweep
+
+V2_KERNELS = {"fwd": "_fwd_kernel", "pre": "_pre_kernel", "bwd": "_bwd_kernel",
+              "headsum": "_headsum_kernel", "extra_grads": "_extra_grads_kernel"}
+
+
+def candidates(name: str) -> list[dict]:
+    """The candidate autotune space of one v2 kernel (before pruning by spills)."""
+    warps = (4, 8)
+    if name == "fwd":
+        return [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+                for m in (64, 128) for n in (32, 64, 128) for w in warps for st in (2, 3)]
+    if name == "bwd":
+        return [dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_N2=n2, num_warps=w, num_stages=2)
+                for n1 in (64, 128) for m1 in (16, 32, 64) for n2 in (16, 32, 64) for w in warps]
+    if name in ("pre", "headsum"):
+        return [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+                for m in (32, 64, 128) for n in (32, 64, 128) for w in warps for st in (2, 3)]
+    return [dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=st)
+            for m in (64, 128) for n in (64, 128) for k in (32, 64) for w in warps for st in (3, 4)]
+
+
+# The sweep compiles every candidate in the variant that makes each kernel heaviest (the default
+# CEM layer's call: ALiBi, both biases, the shared diagonal, every gradient): it holds the most
+# values live, so what does not spill there does not spill in the lighter variants (the default
+# configurations are compiled in all variants by the main report, which checks that).
+SWEEP_VARIANT = "shared-logits De=768"
+
+
+def sweep(widths, arch=90, names=tuple(V2_KERNELS), log=print) -> list[dict]:
+    """Compile every candidate of every v2 kernel (bf16, ``sm_<arch>``) in
+    :data:`SWEEP_VARIANT`; one record per (kernel, width, configuration) (two for the head sum:
+    the sums of P and of dS)."""
+    out = []
+    for width in widths:
+        for name in names:
+            if name == "extra_grads" and width != widths[0]:
+                continue  # independent of the head width
+            for cfg in candidates(name):
+                sink = []
+                t0 = time.perf_counter()
+                with compile_only(arch, sink, {name: cfg}):
+                    v2_case(torch.bfloat16, width, SWEEP_VARIANT)
+                wall = time.perf_counter() - t0
+                hits = [(n, kw, k) for n, kw, k in sink if n == V2_KERNELS[name]]
+                for n, kw, k in hits:
+                    rec = _record(arch, f"v2 attention d={width} {SWEEP_VARIANT} bfloat16", n, kw,
+                                  k, wall, 2)
+                    rec.update(name=name, width=width, variant=SWEEP_VARIANT, config=cfg)
+                    out.append(rec)
+                    main = [lp["non_mma_per_element"] for lp in rec["loops"] if not lp["band"]]
+                    log(f"{name:12s} D={width:<4d} {cfg} regs {rec['registers']:3d} spill "
+                        f"{rec['spills']!s:5s} per-element {main}", flush=True)
+    return out
+
+
+def prune(records) -> dict:
+    """``{kernel: {width: [configs]}}``: the candidates that spill in none of their records, the
+    default first: the one with the fewest non-MMA instructions per element in its main loops
+    (summed over its records), then candidate order."""
+    by = collections.defaultdict(list)
+    for r in records:
+        by[(r["name"], r["width"], json.dumps(r["config"], sort_keys=True))].append(r)
+    table = collections.defaultdict(dict)
+    for name in V2_KERNELS:
+        widths = sorted({w for (n, w, _) in by if n == name})
+        for width in widths:
+            ok = []
+            for (n, w, key), recs in by.items():
+                if n != name or w != width or any(r["spills"] or not r["fits_shared"]
+                                                  for r in recs):
+                    continue
+                main = [lp["non_mma_per_element"] for r in recs for lp in r["loops"]
+                        if not lp["band"]]
+                # no main loop recognised (mma.sync, or none): listed after the others
+                cost = sum(main) if main else float("inf")
+                ok.append((cost, candidates(name).index(json.loads(key)), json.loads(key)))
+            ok.sort(key=lambda t: (t[0], t[1]))
+            table[name][0 if name == "extra_grads" else width] = [c for _, _, c in ok]
+    return dict(table)
+
+
+def _env():
+    return dict(triton=triton.__version__, torch=torch.__version__, python=sys.version.split()[0],
+                git_commit=git_commit(HERE),
+                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def _sweep_payload(records, env, command, widths, t0):
+    table = prune(records)
+    for name, by_width in table.items():
+        for width, cfgs in by_width.items():
+            n = len({json.dumps(r["config"], sort_keys=True) for r in records
+                     if r["name"] == name and (name == "extra_grads" or r["width"] == width)})
+            print(f"{name} width {width}: {len(cfgs)} of {n} candidates spill-free; "
+                  f"default {cfgs[0] if cfgs else None}")
+    return dict(benchmark="compile_kernels --sweep",
+                note="v2 autotune candidates compiled for sm_90 in bf16 without a GPU; no timings",
+                env=env, command=command, widths=widths, spill_free=table,
+                total_compile_s=round(time.perf_counter() - t0, 1), records=records)
 
 
 def main(argv=None):
@@ -225,38 +508,71 @@ def main(argv=None):
     p.add_argument("--arch", type=int, nargs="+", default=[90, 80],
                    help="compute capabilities, e.g. 90 (H100/H200) 80 (A100)")
     p.add_argument("--quick", action="store_true", help="bf16 only")
-    add_output_arguments(p, "benchmarks/results/compile_kernels.json")
+    p.add_argument("--sweep", action="store_true",
+                   help="compile the v2 autotune candidates (sm_90, bf16) instead")
+    p.add_argument("--widths", type=int, nargs="+", default=[64, 128],
+                   help="padded head widths for --sweep")
+    p.add_argument("--kernels", nargs="+", default=list(V2_KERNELS), choices=list(V2_KERNELS),
+                   help="v2 kernels for --sweep")
+    p.add_argument("--case", help="only the cases whose name contains this string")
+    p.add_argument("--merge", nargs="+", metavar="FILE",
+                   help="combine --sweep files of parts of the kernels into one")
+    p.add_argument("--out", help="JSON path (default: benchmarks/results/compile_kernels.json, "
+                                 "or compile_kernels_sweep.json with --sweep/--merge; an existing stored "
+                                 "file is kept and a new one written beside it unless --replace)")
+    p.add_argument("--replace", action="store_true", help="overwrite the stored default file")
     args = p.parse_args(argv)
-    default = RESULTS / "compile_kernels.json"
+    default = RESULTS / ("compile_kernels_sweep.json" if args.sweep or args.merge else "compile_kernels.json")
     announce(default, args.out, args.replace)
-    dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16, torch.float32]
     t0 = time.perf_counter()
-    records = compile_all(args.arch, dtypes)
-    for r in records:
-        print(f"{r['arch']} {r['case']:<44} {r['kernel']:<16} regs {r['registers']:>3} "
-              f"stack+local {r['stack_bytes'] + r['local_bytes']:>5} B "
-              f"shared {r['dynamic_shared_bytes']:>6} B "
-              f"warps {r['num_warps']} stages {r['num_stages']}")
-    try:
-        git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
-                             text=True).stdout.strip() or None
-    except OSError:  # no git on this machine
-        git = None
-    payload = dict(
-        benchmark="compile_kernels", note="ahead-of-time compilation without a GPU; no timings",
-        env=dict(triton=triton.__version__, torch=torch.__version__, python=sys.version.split()[0],
-                 git_commit=git,
-                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
-        archs=[f"sm_{a}" for a in args.arch], dtypes=[str(d) for d in dtypes],
-        summary=dict(kernels=len(records), spilling=[f"{r['arch']} {r['case']} {r['kernel']}"
-                                                     for r in records if r["spills"]],
-                     over_shared_limit=[f"{r['arch']} {r['case']} {r['kernel']}"
-                                        for r in records if not r["fits_shared"]],
-                     total_compile_s=round(time.perf_counter() - t0, 1)),
-        records=records)
-    payload["mlp_v2_elementwise"] = mlp_v2_elementwise(args.arch, dtypes)
-    print(f"{len(records)} kernels compiled in {payload['summary']['total_compile_s']} s; "
-          f"spilling: {payload['summary']['spilling'] or 'none'}")
+    env = _env()  # the code compiled is the code at the start
+    command = "python benchmarks/compile_kernels.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    if args.merge:
+        parts = [json.load(open(f)) for f in args.merge]
+        commits = {part["env"]["git_commit"] for part in parts}
+        if len(commits) != 1:
+            raise SystemExit(f"sweep parts from different commits: {commits}")
+        records = [r for part in parts for r in part["records"]]
+        payload = _sweep_payload(records, parts[0]["env"],
+                                 [part["command"] for part in parts], parts[0]["widths"], t0)
+        payload["total_compile_s"] = sum(part["total_compile_s"] for part in parts)
+    elif args.sweep:
+        records = sweep(args.widths, names=tuple(args.kernels))
+        payload = _sweep_payload(records, env, command, args.widths, t0)
+    else:
+        dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float16,
+                                                      torch.float32]
+        records = compile_all(args.arch, dtypes, args.case)
+        for r in records:
+            print(f"{r['arch']} {r['case']:<48} {r['kernel']:<20} regs {r['registers']:>3} "
+                  f"stack+local {r['stack_bytes'] + r['local_bytes']:>5} B "
+                  f"shared {r['dynamic_shared_bytes']:>6} B "
+                  f"warps {r['num_warps']} stages {r['num_stages']}")
+        per_element = per_element_summary(records)
+        for row in per_element:
+            if "bfloat16" in row["case"] and row["version"] == 2:
+                print(f"{row['case']:<48} {row['kind']:<40} {row['non_mma_per_element']:6.2f} "
+                      f"non-MMA / element" + (f" (target {row['target']})" if row["target"]
+                                              else ""))
+        payload = dict(
+            benchmark="compile_kernels",
+            note="ahead-of-time compilation without a GPU; no timings",
+            env=env, command=command, archs=[f"sm_{a}" for a in args.arch],
+            dtypes=[str(d) for d in dtypes],
+            method=("loops: backward branches of cuobjdump -sass; non-MMA instructions of the "
+                    "loop body (all but HGMMA/HMMA) divided by the score elements one thread "
+                    "owns per iteration, BLOCK_M x BLOCK_N / (32 num_warps)"),
+            summary=dict(kernels=len(records),
+                         spilling=[f"{r['arch']} {r['case']} {r['kernel']}"
+                                   for r in records if r["spills"]],
+                         over_shared_limit=[f"{r['arch']} {r['case']} {r['kernel']}"
+                                            for r in records if not r["fits_shared"]],
+                         per_element=per_element,
+                         total_compile_s=round(time.perf_counter() - t0, 1)),
+            records=records)
+        payload["mlp_v2_elementwise"] = mlp_v2_elementwise(args.arch, dtypes)
+    print(f"{len(records)} kernels compiled in {round(time.perf_counter() - t0, 1)} s")
     write_json(payload, default, args.out, args.replace)
     return payload
 

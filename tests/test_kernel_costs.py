@@ -231,3 +231,19 @@ def test_roofline_explorer_reacts_to_controls():
     w.phase.value = "decode"
     assert w.block_m.disabled and w.image.value != before
     assert "tied/untied 0.50" in w.info.value                        # bandwidth-bound: half the bytes
+
+
+def test_instruction_budget_per_score_element():
+    """The H100 numbers: 4096 dense bf16 FLOP and 128 issued instructions per clock per SM, so
+    at head width 64 the forward loop (2 products) may spend 8 non-MMA instructions per score
+    element, the backward's d kv loop (4) 16 and its dq loop (3) 12; one exp2 per element takes
+    exactly as long as the forward's products (16 MUFU results per clock)."""
+    assert C.H100_SM.mma_flops_per_clock * 132 * 1.83e9 == pytest.approx(989.4e12, rel=1e-3)
+    assert [C.instruction_budget(64, n) for n in (2, 4, 3)] == [8.0, 16.0, 12.0]
+    assert C.instruction_budget(128, 2) == 16.0
+    t = C.loop_time_bound(8.0, 64, 2)
+    assert t["mma"] == t["issue"] == t["mufu"] == 1 / 16 and t["peak_fraction"] == 1.0
+    slow = C.loop_time_bound(24.0, 64, 2)   # three times the budget: a third of the peak at most
+    assert slow["bound"] == slow["issue"] and slow["peak_fraction"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        C.instruction_budget(0, 2)

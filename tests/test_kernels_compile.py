@@ -1,42 +1,98 @@
-"""Every Triton kernel compiles for the H100 (sm_90) with the GPU tile sizes, in bf16, without
-spilling registers.
+"""Every Triton kernel compiles for the H100 (sm_90) in bf16 without spilling registers, and the
+v2 attention kernels' loops stay within their instruction budgets.
 
 No GPU is needed: ``benchmarks/compile_kernels.py`` compiles through Triton's bundled ``ptxas``
-and reads each cubin's registers, local memory (spills) and shared memory with ``cuobjdump``.
-This catches what the interpreter-run tests cannot (a kernel that only fails to compile for the
-real target, or that spills at the GPU tile sizes). It runs in a fresh process because the
-interpreter tests set ``TRITON_INTERPRET=1`` for this one.
+and reads each cubin's registers, local memory (spills) and shared memory with ``cuobjdump``, and
+its machine code (SASS) for the instructions of every loop. This catches what the
+interpreter-run tests cannot: a kernel that only fails to compile for the real target, that
+spills at the GPU tile sizes, that falls back from ``wgmma`` (``HGMMA``) to ``mma.sync``, or whose
+loops carry more element-wise work than the budget (``benchmarks/NOTES.md``). It runs in a fresh
+process because the interpreter tests set ``TRITON_INTERPRET=1`` for this one.
+
+The committed reports are checked too, without compiling: the v2 autotune space
+(``tied_attention_v2.GPU_CONFIGS``) is the spill-free part of the committed sweep, with at least
+15 configurations per kernel at head width 64, and the committed report's default
+configurations meet the budgets.
 """
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-# not imported here: test_kernels_triton.py must be the first to import triton (interpreter mode)
+# not imported here: the interpreter tests must be the first to import triton (interpreter mode)
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+V2_KERNELS = {"_fwd_kernel", "_pre_kernel", "_bwd_kernel", "_headsum_kernel", "_extra_grads_kernel"}
+BUDGET = {"forward": 12, "backward dkv": 20, "backward dq": 20}
+
+
+def check_v2_records(records):
+    """wgmma in every v2 kernel with a matrix product, and the main loops within budget."""
+    v2 = [r for r in records if r["version"] == 2]
+    assert {r["kernel"] for r in v2} == V2_KERNELS
+    for r in v2:
+        assert r["arch"] != "sm_90" or not any(lp["opcodes"].get("HMMA") for lp in r["loops"]), r
+        if r["kernel"] != "_pre_kernel" or r["flags"].get("HAS_DPB"):
+            assert any(lp["opcodes"].get("HGMMA") for lp in r["loops"]), (r["case"], r["kernel"])
+    main = {(r["case"], lp["kind"]): lp["non_mma_per_element"] for r in v2 for lp in r["loops"]
+            if lp["kind"] in BUDGET}
+    assert {kind for _, kind in main} == set(BUDGET)
+    for (case, kind), value in main.items():
+        assert value <= BUDGET[kind], (case, kind, value)
 
 
 def test_all_kernels_compile_for_sm90_without_spills(tmp_path):
     out = tmp_path / "compile.json"
     run = subprocess.run([sys.executable, "benchmarks/compile_kernels.py", "--quick", "--arch",
                           "90", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+                         timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     d = json.loads(out.read_text())
     kernels = {(r["case"].split(" bfloat16")[0], r["kernel"]) for r in d["records"]}
     fused_path = "attention d=64 shared-logits De=768"
     for name in ("_fwd_kernel", "_bwd_dkv_kernel", "_bwd_dq_kernel", "_headsum_kernel",
                  "_rowdot_kernel"):
-        assert (fused_path, name) in kernels
+        assert (fused_path, name) in kernels  # the first version, still compiled
     assert {r["kernel"] for r in d["records"]} >= {"_gate_kernel", "_dplr_kernel"}
     for r in d["records"]:
-        assert r["arch"] == "sm_90" and r["num_warps"] == 4
+        assert r["arch"] == "sm_90"
+        assert r["version"] == 2 or r["num_warps"] == 4
         spilled = r["local_bytes"] + r["stack_bytes"]  # ptxas spills to the stack frame
         assert not r["spills"] and spilled == 0, f"{r['case']} {r['kernel']} spills {spilled} B"
         assert r["fits_shared"] and 0 < r["registers"] <= 255, r
+    check_v2_records(d["records"])
+
+
+def test_committed_reports_agree_with_the_autotune_space():
+    code = ("import json; from cemlib.kernels import tied_attention_v2 as v;"
+            "print(json.dumps({n: {str(w): c for w, c in t.items()} for n, t in "
+            "v.GPU_CONFIGS.items()}))")  # in a subprocess: the module imports triton
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    space = json.loads(run.stdout)
+    sweep = json.loads((RESULTS / "compile_kernels_sweep.json").read_text())
+    report = json.loads((RESULTS / "compile_kernels.json").read_text())
+    for d in (sweep, report):  # recorded from committed code
+        assert d["env"]["git_commit"] and not d["env"]["git_commit"].endswith("+dirty")
+    seen = {(r["name"], str(0 if r["name"] == "extra_grads" else r["width"]),
+             json.dumps(r["config"], sort_keys=True)): r for r in sweep["records"]}
+    for name, by_width in space.items():
+        for width, configs in by_width.items():
+            assert configs == sweep["spill_free"][name][width], (name, width)
+            if width in ("0", "64"):
+                assert len(configs) >= 15, (name, width, len(configs))
+            for c in configs:
+                r = seen[(name, width, json.dumps(c, sort_keys=True))]
+                assert not r["spills"] and r["fits_shared"], r
+    sixteen_bit = [r for r in report["records"] if r["arch"] == "sm_90"
+                   and r["case"].split()[-1] in ("bfloat16", "float16")]
+    check_v2_records(sixteen_bit)
+    assert not any(r["spills"] for r in sixteen_bit)

@@ -1,34 +1,18 @@
-"""The Triton kernels against the PyTorch reference: forward and every gradient, awkward shapes.
+"""The first version of the Triton kernels against the PyTorch reference: forward and every
+gradient, awkward shapes (the second version of the attention kernels: ``test_kernels_v2.py``).
 
-How this runs without a GPU: Triton decides whether to interpret a ``@triton.jit`` function when
-it is decorated, from ``TRITON_INTERPRET``, and this includes the jit helpers inside
-``triton.language`` itself, so the variable must be set before *triton* is first imported.
-``import torch`` and ``import cemlib`` do not import triton (checked on torch 2.13; cemlib imports
-its kernel modules lazily, at the first Triton call), so this module sets
-``TRITON_INTERPRET=1`` at import time, during pytest's collection, whenever CUDA is absent.
-The variable stays set for the rest of the session, as in Triton's own interpreter test suite.
-If triton was already imported without it (some earlier module imported it), the in-process
-tests are skipped and :func:`test_interpreted_suite_in_fresh_process` re-runs this file in a
-fresh Python process with the variable set. On a CUDA machine the same tests run compiled.
-
-Interpreted cases are kept tiny (L <= 70, B*K <= 6): the interpreter runs each program instance
-in numpy, one after another. fp32 and fp16 only (the interpreter silently breaks bf16; bf16 is
-tested on CUDA in ``test_kernels_cuda.py``); float64 for ``gradcheck``.
+On a machine without CUDA the kernels run under Triton's interpreter (``triton_interpreter.py``
+explains how). Interpreted cases are kept tiny (L <= 70, B*K <= 6): the interpreter runs each
+program instance in numpy, one after another. fp32 and fp16 only (the interpreter silently breaks
+bf16; bf16 is tested on CUDA in ``test_kernels_cuda.py``); float64 for ``gradcheck``.
 """
 
 import copy
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-# triton imported earlier without the interpreter: it cannot be switched on in this process
-STALE_TRITON = not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not CUDA and not STALE_TRITON:
-    os.environ["TRITON_INTERPRET"] = "1"
+from triton_interpreter import CUDA, DEVICE, kernels_usable, rerun_in_fresh_process  # noqa: F401
 
 triton = pytest.importorskip("triton")
 
@@ -36,25 +20,10 @@ from cemlib.kernels import dispatch, ops, reference  # noqa: E402
 from cemlib.kernels import gated_mlp_triton, tied_attention_triton  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _kernels_usable(request):
-    if STALE_TRITON and request.node.name != "test_interpreted_suite_in_fresh_process":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set; this file is re-run "
-                    "in a fresh process by test_interpreted_suite_in_fresh_process")
-    yield
-    dispatch.set_backend(None)
-
-
 def test_interpreted_suite_in_fresh_process():
-    if not STALE_TRITON:
-        pytest.skip("the kernels run in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          os.path.abspath(__file__)], env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    rerun_in_fresh_process(__file__)
 
 
-DEVICE = "cuda" if CUDA else "cpu"
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
@@ -367,13 +336,13 @@ def test_dplr_precondition_gradcheck_float64():
     assert torch.autograd.gradcheck(ops.dplr_precondition, xs, fast_mode=True)
 
 
-def test_dispatch_forced_triton_runs_the_kernels(monkeypatch):
+def test_dispatch_forced_triton_v1_runs_the_first_kernels(monkeypatch):
     inp = make_attention_inputs(1, 2, 9, 8, 0, False, True, torch.float32)
     calls = []
     real = tied_attention_triton.attention_forward
     monkeypatch.setattr(tied_attention_triton, "attention_forward",
                         lambda *a: calls.append(1) or real(*a))
-    with dispatch.use_backend("triton"):
+    with dispatch.use_backend("triton_v1"):
         o, lse = dispatch.tied_attention(inp["q"], inp["kv"], scale=0.5, alibi=inp["alibi"])
     with dispatch.use_backend("reference"):
         o_ref, lse_ref = dispatch.tied_attention(inp["q"], inp["kv"], scale=0.5, alibi=inp["alibi"])

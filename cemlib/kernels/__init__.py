@@ -1,9 +1,10 @@
 """Fused Triton kernels, their ``autograd.Function``s, and dispatch with PyTorch fallbacks.
 
 Layers call the functions re-exported here; :func:`set_backend` (or ``$CEMLIB_KERNELS``) forces
-``"triton"``, ``"torch"`` or ``"reference"``; ``"auto"`` uses Triton on CUDA when it is available,
-and on the CPU the closed-form attention of :mod:`cemlib.kernels.tied_attention_torch`. Importing
-this package does not import Triton.
+``"triton"``, ``"triton_v1"`` (the first version of the attention kernels), ``"torch"`` or
+``"reference"``; ``"auto"`` uses Triton on CUDA when it is available, and on the CPU the
+closed-form attention of :mod:`cemlib.kernels.tied_attention_torch`. Importing this package does
+not import Triton.
 """
 
 from cemlib.kernels.dispatch import (dplr_precondition, get_backend, set_backend, tied_attention,

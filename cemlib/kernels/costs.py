@@ -32,12 +32,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["count_flops", "Cost", "Machine", "H100_SXM_DATASHEET", "attention_flops", "attention_bytes",
+__all__ = ["count_flops", "Cost", "Machine", "H100_SXM_DATASHEET", "Multiprocessor", "H100_SM",
+           "instruction_budget", "loop_time_bound", "attention_flops", "attention_bytes",
            "attention_cost", "mlp_flops", "mlp_cost", "kv_cache_bytes_per_token",
            "key_rows_streamed", "tied_attention_peak_bytes", "gated_step_peak_bytes",
            "tie_comparison", "BACKWARD_MATMULS"]
 
-# matrix products of one backward pass, in units of one forward product (q k^T or p v)
+# matrix products of one backward pass, in units of one forward product (q k^T or p v); "cemlib"
+# is both versions of the kernels (two programs, or one launch with a d kv and a dq loop, that
+# each recompute q kv^T and dO kv^T)
 BACKWARD_MATMULS = {"flash": 5, "cemlib": 7, "autograd": 4}
 LSE_BYTES = 4  # the log-sum-exp is kept in float32
 
@@ -87,6 +90,51 @@ class Machine:
 # NVIDIA H100 Tensor Core GPU datasheet, SXM5 80 GB (HBM3): BF16/FP16 tensor cores 1,979 TFLOP/s
 # *with 2:4 sparsity* (dense: half), memory bandwidth 3.35 TB/s. Datasheet values, not measurements.
 H100_SXM_DATASHEET = Machine("NVIDIA H100 SXM5 80GB", 1979 / 2, 3.35, "datasheet")
+
+
+@dataclass(frozen=True)
+class Multiprocessor:
+    """The per-clock rates of one streaming multiprocessor that bound a fused attention loop:
+    dense 16-bit tensor-core FLOPs, issued thread instructions (warp schedulers x 32 lanes) and
+    special-function results (``MUFU``, e.g. ``ex2``)."""
+    name: str
+    mma_flops_per_clock: int
+    issue_per_clock: int
+    mufu_per_clock: int
+    source: str
+
+
+# H100 SXM5 (sm_90): 989.4 dense bf16 TFLOP/s = 132 SMs x 4096 FLOP x 1.83 GHz (the datasheet's
+# clock for that figure); 4 warp schedulers per SM, one warp instruction per clock each; 16
+# exp2/log2/rcp results per clock per SM (CUDA C++ Programming Guide, throughput of native
+# arithmetic instructions, compute capability 9.0). Datasheet values, not measurements.
+H100_SM = Multiprocessor("NVIDIA H100 SXM5 SM (sm_90)", 4096, 128, 16, "datasheet")
+
+
+def instruction_budget(head_dim: int, products: int, sm: Multiprocessor = H100_SM) -> float:
+    """Instructions per score element that one SM can issue while its tensor cores do the
+    loop's ``products`` matrix products of width ``head_dim`` for that element
+    (``2 head_dim`` FLOPs each): ``issue_per_clock * 2 head_dim products / mma_flops_per_clock``.
+    A loop with more non-MMA instructions per element than this is bound by instruction issue,
+    not by the tensor cores, however the two overlap. Attention at head width 64 on an H100: 8
+    for the forward loop (2 products), 16 for the backward's ``d kv`` loop (4) and 12 for its
+    ``dq`` loop (3)."""
+    _positive(head_dim=head_dim, products=products)
+    return sm.issue_per_clock * 2 * head_dim * products / sm.mma_flops_per_clock
+
+
+def loop_time_bound(non_mma_per_element: float, head_dim: int, products: int,
+                    exps_per_element: float = 1.0, sm: Multiprocessor = H100_SM) -> dict:
+    """Clocks per score element of one SM, per resource, for a loop with the given work per
+    element: tensor cores (``mma``), instruction issue (``issue``, the non-MMA instructions) and
+    the special-function unit (``mufu``, one ``ex2`` per element). The largest is a lower bound on
+    the loop's time; ``mma / max`` the best fraction of tensor-core peak it can reach."""
+    _positive(head_dim=head_dim, products=products)
+    mma = 2 * head_dim * products / sm.mma_flops_per_clock
+    issue = non_mma_per_element / sm.issue_per_clock
+    mufu = exps_per_element / sm.mufu_per_clock
+    bound = max(mma, issue, mufu)
+    return dict(mma=mma, issue=issue, mufu=mufu, bound=bound, peak_fraction=mma / bound)
 
 
 def _positive(**kw):

@@ -7,19 +7,40 @@ The layers call :func:`tied_attention`, :func:`tied_gated_mlp_step` and
 2. the environment variable ``CEMLIB_KERNELS``, read at each call;
 3. ``"auto"``.
 
-``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
-call is one the kernels handle efficiently (fp16/bf16, head width <= 256, and an extra
-query/key pair that :func:`extra_path` places on a fused path). Attention on the CPU in float32
-or float64 goes to :mod:`cemlib.kernels.tied_attention_torch` (PyTorch operations with a
-hand-derived backward, first-order only); everything else to the reference. fp32 on CUDA is
-left to the reference (cuBLAS): the kernels' exact fp32 dot products spill registers at every
-tile size (``benchmarks/compile_kernels.py``); forcing ``"triton"`` still runs them in fp32.
-``"torch"`` uses the closed-form attention on any device (a clear error for a dtype it does not
-take; the MLP and the preconditioner have no such path and use the reference).
-``"reference"`` always uses :mod:`cemlib.kernels.reference`, autograd of plain PyTorch
-operations (what a second derivative needs). ``"triton"`` always uses the kernels and raises a
-clear error where they cannot run (no Triton; CPU tensors without ``TRITON_INTERPRET=1``, under
-which Triton's interpreter runs the kernels on CPU, slowly, for testing).
+Backends:
+
+- ``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
+  call is one the kernels handle efficiently (fp16/bf16, head width <= 256, and an extra
+  query/key pair that one of the two kernel versions takes efficiently, see
+  :func:`attention_fused`). Attention on the CPU in float32 or float64 goes to
+  :mod:`cemlib.kernels.tied_attention_torch` (PyTorch operations with a hand-derived backward,
+  first-order only); everything else to the reference. fp32 on CUDA is left to the reference
+  (cuBLAS): the kernels' exact fp32 dot products spill registers
+  (``benchmarks/compile_kernels.py``); forcing ``"triton"`` still runs them in fp32.
+- ``"triton"`` always uses the kernels and raises a clear error where they cannot run (no
+  Triton; CPU tensors without ``TRITON_INTERPRET=1``, under which Triton's interpreter runs the
+  kernels on CPU, slowly, for testing).
+- ``"triton_v1"``: the same, with the first version of the attention kernels for every call.
+- ``"torch"`` uses the closed-form attention on any device (a clear error for a dtype it does
+  not take; the MLP and the preconditioner have no such path and use the reference).
+- ``"reference"`` always uses :mod:`cemlib.kernels.reference`, autograd of plain PyTorch
+  operations (what a second derivative needs).
+
+**Two versions of the attention kernels.** With ``"auto"`` or ``"triton"``, attention runs on
+version 2 (:mod:`cemlib.kernels.tied_attention_v2`: FlashAttention-2 structure, one backward
+launch, autotuned) whenever it covers the call (:func:`cemlib.kernels.paths.v2_covers`): head
+width at most 128, and no extra pair or the head-shared extra pair of the default CEM layer with
+head-summed values. Per-head extra pairs, per-head extra values and wider heads go to version 1
+(:mod:`cemlib.kernels.tied_attention_triton`, through the custom ops of
+:mod:`cemlib.kernels.ops`). To compare the two on the same call:
+
+- ``with use_backend("triton_v1"): tied_attention(...)`` (or ``CEMLIB_KERNELS=triton_v1``), or
+  directly :func:`cemlib.kernels.ops.tied_attention` (version 1);
+- ``with use_backend("triton"): ...``, or directly
+  :func:`cemlib.kernels.tied_attention_v2.tied_attention` (version 2, which raises a
+  ``ValueError`` for a call it does not cover).
+
+All three take the arguments of :func:`cemlib.kernels.reference.tied_attention`.
 
 All inputs are validated here, for all backends.
 """
@@ -34,13 +55,13 @@ import os
 import torch
 
 from cemlib.kernels import reference, tied_attention_torch
-from cemlib.kernels.paths import MAX_TILE_EXTRA, extra_path
+from cemlib.kernels.paths import MAX_TILE_EXTRA, extra_path, v2_covers
 
 __all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_backend",
-           "triton_available", "extra_path", "attention_fused", "tied_attention",
+           "triton_available", "extra_path", "v2_covers", "attention_fused", "tied_attention",
            "tied_gated_mlp_step", "dplr_precondition"]
 
-BACKENDS = ("auto", "triton", "torch", "reference")
+BACKENDS = ("auto", "triton", "triton_v1", "torch", "reference")
 ENV_VAR = "CEMLIB_KERNELS"
 _backend: str | None = None
 _AUTO_DTYPES = (torch.float16, torch.bfloat16)  # what "auto" sends to the kernels
@@ -53,8 +74,8 @@ def _check_backend(name, source):
 
 
 def set_backend(name: str | None) -> None:
-    """Force a backend (``"auto"``, ``"triton"``, ``"torch"``, ``"reference"``); ``None`` returns control
-    to the ``CEMLIB_KERNELS`` environment variable."""
+    """Force a backend (one of :data:`BACKENDS`); ``None`` returns control to the
+    ``CEMLIB_KERNELS`` environment variable."""
     global _backend
     _backend = None if name is None else _check_backend(name, "backend")
 
@@ -91,17 +112,18 @@ def _use_triton(x: torch.Tensor, supported: bool) -> bool:
     if backend == "auto":
         return x.is_cuda and supported and triton_available()
     if not triton_available():
-        raise RuntimeError("kernel backend 'triton' was forced but triton is not installed")
+        raise RuntimeError(f"kernel backend {backend!r} was forced but triton is not installed")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"kernel backend 'triton' was forced for tensors on {x.device}; "
+        raise RuntimeError(f"kernel backend {backend!r} was forced for tensors on {x.device}; "
                            "on CPU set TRITON_INTERPRET=1 before triton is first imported")
     return True
 
 
 def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -> bool:
     """Whether ``"auto"`` sends this attention call to the kernels (on CUDA): fp16/bf16,
-    head width <= 256, and no extra pair that only the spilling wide-tile path could serve
-    (a per-head pair, or per-head extra values, wider than :data:`MAX_TILE_EXTRA`)."""
+    head width <= 256, and no extra pair that only version 1's spilling wide-tile path could
+    serve (a per-head pair, or per-head extra values, wider than :data:`MAX_TILE_EXTRA`). Which
+    version runs it: :func:`v2_covers`."""
     path = extra_path(q_extra, extra_values, extra_head_sum)
     return (q.dtype in _AUTO_DTYPES and q.shape[-1] <= 256
             and (path != "tile" or q_extra.shape[-1] <= MAX_TILE_EXTRA))
@@ -110,6 +132,11 @@ def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -
 def _ops():
     from cemlib.kernels import ops
     return ops
+
+
+def _v2():
+    from cemlib.kernels import tied_attention_v2  # imports triton: only at the first call
+    return tied_attention_v2
 
 
 def _shape(t):
@@ -161,6 +188,8 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
               q_extra=q_extra, k_extra=k_extra, extra_values=extra_values,
               extra_head_sum=extra_head_sum)
     if _use_triton(q, attention_fused(q, q_extra, extra_values, extra_head_sum)):
+        if get_backend() != "triton_v1" and v2_covers(q, q_extra, extra_values, extra_head_sum):
+            return _v2().tied_attention(q, kv, **kw)
         return _ops().tied_attention(q, kv, **kw)
     backend, closed_form = get_backend(), tied_attention_torch.supported(q, alibi)
     if backend == "torch" and not closed_form:

@@ -1,15 +1,16 @@
-"""Which path the fused attention kernels take for CEM's extra query/key pair (eq. 12's diagonal).
+"""Which kernels and path the fused attention takes for CEM's extra query/key pair (eq. 12's diagonal).
 
-A leaf module: :mod:`cemlib.kernels.dispatch`, :mod:`cemlib.kernels.ops` and
-:mod:`cemlib.kernels.tied_attention_triton` all import it, and it imports none of them, so the
-kernels package has no import cycle.
+A leaf module: :mod:`cemlib.kernels.dispatch`, :mod:`cemlib.kernels.ops`,
+:mod:`cemlib.kernels.tied_attention_triton` and :mod:`cemlib.kernels.tied_attention_v2` all import
+it, and it imports none of them (nor Triton), so the kernels package has no import cycle.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_TILE_EXTRA", "extra_path"]
+__all__ = ["MAX_TILE_EXTRA", "V2_MAX_HEAD_DIM", "extra_path", "v2_covers"]
 
 MAX_TILE_EXTRA = 128  # widest extra pair held in one register tile of the attention kernels
+V2_MAX_HEAD_DIM = 128  # widest head the second version of the kernels takes
 
 
 def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str | None:
@@ -31,3 +32,15 @@ def extra_path(q_extra, extra_values: bool, extra_head_sum: bool = False) -> str
     if wide and q_extra.dim() == 3 and (not extra_values or extra_head_sum):
         return "logits"
     return "tile"
+
+
+def v2_covers(q, q_extra, extra_values: bool, extra_head_sum: bool = False) -> bool:
+    """Whether the second version of the kernels (:mod:`cemlib.kernels.tied_attention_v2`)
+    computes the call: head width (``q.shape[-1]``) at most :data:`V2_MAX_HEAD_DIM` (its
+    autotune space is pruned for those widths), and no extra pair, or a head-shared one
+    (``q_extra`` of shape (B, L, D_e), any width) without extra values or with head-summed ones
+    (the default CEM layer), which it always takes on the shared-logits path. Per-head pairs,
+    per-head extra values and wider heads are left to the first version
+    (:mod:`cemlib.kernels.tied_attention_triton`)."""
+    return q.shape[-1] <= V2_MAX_HEAD_DIM and (
+        q_extra is None or (q_extra.dim() == 3 and (not extra_values or extra_head_sum)))

@@ -1,4 +1,10 @@
-"""Triton kernels for tied causal attention (K = V): forward with saved log-sum-exp, and backward.
+"""Triton kernels for tied causal attention (K = V), first version: forward with saved log-sum-exp, and backward.
+
+The dispatcher (:mod:`cemlib.kernels.dispatch`) uses the second version,
+:mod:`cemlib.kernels.tied_attention_v2`, for every call that one covers, and this one for the
+rest (per-head extra pairs and per-head extra values, the ``"tile"`` path below); the backend
+``"triton_v1"`` (or :func:`cemlib.kernels.ops.tied_attention`) runs this version for every call,
+for comparison. ``benchmarks/NOTES.md`` compares the two.
 
 Computes exactly :func:`cemlib.kernels.reference.tied_attention` (CEM [arXiv] eq. 3 = [ICLR]
 eq. 2, with the Appendix B biases and the eq. 12 diagonal term as an "extra" query/key pair):

@@ -1,0 +1,1186 @@
+"""Tied causal attention (K = V), version 2: FlashAttention-2 structure, work per score element cut.
+
+Computes exactly :func:`cemlib.kernels.reference.tied_attention` (CEM [arXiv] eq. 3 = [ICLR]
+eq. 2 with the Appendix B biases; the contract and formulas are in that module), for a call with a
+head width up to 128 and no extra query/key pair, or with the head-shared pair of the default CEM
+layer (CEM eq. 12's diagonal, ``q_extra`` of shape (B, L, D_e)) and head-summed extra values.
+Per-head extra pairs, per-head extra values and wider heads are served by the first version
+(:mod:`cemlib.kernels.tied_attention_triton`; :func:`covers` says which calls this module takes).
+
+What changed against the first version, and why (``benchmarks/NOTES.md`` has the measurements):
+at the shapes that matter (head width 64) the time of the loops is set by the non-matrix
+instructions per score element, not by bytes or FLOPs, so every element-wise operation that can
+move out of the loops does.
+
+- **Log-2 domain.** ``exp2`` with ``c = log2(e) / tau`` folded into the product scale:
+  ``s2_ij = c q_i.kv_j + ...`` and ``p_ij = exp2(s2_ij - r_i)``, one FFMA and one MUFU.EX2.
+- **Biases as vectors.** ``-m (i - j)`` splits into a column vector ``m j`` (one add per element)
+  and a row term ``-m i`` that cancels in the softmax and only enters the log-sum-exp; ``b_cross``
+  is constant on every off-diagonal element of a row, so it moves into the log-sum-exp too and the
+  diagonal gets ``b_self - b_cross``. Row and column terms are taken relative to the tile row
+  where the loop starts, so that they stay small (exact enough) at any length.
+- **Band split.** The key loop runs in two parts: tiles wholly below the diagonal (no mask, no
+  diagonal bias, no bounds checks on keys) and the diagonal band (causal mask, self bias).
+- **Tied tile.** One ``kv`` tile, loaded once, is the key (``q kv^T``) and the value (``p kv``)
+  in the forward, and in the backward the key of ``q kv^T``, the value of ``do kv^T`` and the
+  right factor of ``dq``; its gradient ``d kv = P^T do + scale dS^T q`` (value role plus key
+  role) accumulates in **one** register tile.
+- **One backward launch** (the Triton fused-attention tutorial's structure): program ``n`` owns
+  key block ``n`` (``d kv``, looping over query blocks) and query block ``n`` (``dq``, looping
+  over key blocks); under causality every program does the same work. A small preprocess kernel
+  before it computes ``Delta_i = o_i.do_i - dlse_i`` (``dS = P (dP - Delta)``), scaled by
+  ``1/tau``, and the diagonal score gradient ``dS_ii`` per row, from which the self and cross bias
+  gradients follow (``sum_j dS_ij = dlse_i``: the cross gradient is ``sum dlse - sum dS_ii``);
+  program 0 of each head of the main kernel folds these rows into the two gradients, in a fixed
+  order (deterministic, no atomics, no extra launch).
+- No ALiBi-slope gradient unless the slopes require grad (every cemlib layer keeps them in a
+  buffer); when they do, the ``dq`` loop adds ``sum_j dS_ij (i - j)`` per row.
+- Autotuned on the GPU over tiles, warps and stages (:data:`GPU_CONFIGS`, every entry compiles
+  for sm_90 without spilling registers: ``benchmarks/compile_kernels.py``); one small
+  configuration under the interpreter (:data:`INTERPRETER_CONFIGS`).
+
+The shared extra pair ("logits" path, as in the first version): its logits
+``E = (log2(e)/tau) q_e k_e^T`` are the same for every head, one (B, L, L) GEMM that the kernels
+add tile by tile, and the head-summed extra values ``(sum_k P_k) k_e = A k_e`` a second one
+(``A`` from :func:`_headsum_kernel`). In the backward ``dA = do_e k_e^T`` enters every head's
+``dP`` and, through a row pass in the preprocess kernel, its ``Delta``; the head sum
+``G = (1/tau) sum_k dS_k`` is a second :func:`_headsum_kernel` pass, and one
+:func:`_extra_grads_kernel` launch computes ``dq_e = G k_e`` and ``dk_e = G^T q_e + A^T do_e``,
+skipping the zero triangle of ``G`` and ``A``. ``E`` and ``A`` are kept for the backward
+(O(B L^2) memory; the reference keeps O(B K L^2)).
+
+Inputs may be strided views (the layers' head split ``(B, L, K, D) -> (B, K, L, D)``) as long as
+the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out like ``q``, so that
+the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 9 with
+the default CEM layer's shared diagonal (``tests/test_kernels_v2.py`` counts them).
+
+Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher,
+:func:`cemlib.kernels.dispatch.tied_attention`, validates them and calls it on CUDA for fp16/bf16,
+and for any dtype with the ``"triton"`` backend). In eager mode the call is one plain
+``torch.autograd.Function``; while compiling (``torch.compile``), the same forward and backward run
+as two opaque ``torch.library`` custom ops (no graph break, no tracing into Triton). First order
+only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
+``CEMLIB_AUTOTUNE=0`` (read at import) launches the first configuration of each kernel's space
+instead of autotuning; :func:`use_configs` forces configurations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch.library import custom_op
+
+from cemlib.kernels.paths import v2_covers
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
+
+__all__ = ["tied_attention", "covers", "forward", "backward", "GPU_CONFIGS",
+           "INTERPRETER_CONFIGS", "use_configs", "INTERPRET"]
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+@triton.jit
+def _load_rows(ptr, offs, ok, offs_d, stride, D: tl.constexpr, BLOCK_D: tl.constexpr,
+               MASK_ROWS: tl.constexpr):
+    """Rows ``offs`` of a (., D) block at ``ptr`` (row stride ``stride``, unit column stride),
+    zero outside; row bounds checked only if ``MASK_ROWS``, columns only if ``BLOCK_D > D``."""
+    p = ptr + offs[:, None] * stride + offs_d[None, :]
+    if MASK_ROWS:
+        if BLOCK_D == D:
+            x = tl.load(p, mask=ok[:, None], other=0.0)
+        else:
+            x = tl.load(p, mask=ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    else:
+        if BLOCK_D == D:
+            x = tl.load(p)
+        else:
+            x = tl.load(p, mask=offs_d[None, :] < D, other=0.0)
+    return x
+
+
+@triton.jit
+def _store_rows(ptr, x, offs, ok, offs_d, stride, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    p = ptr + offs[:, None] * stride + offs_d[None, :]
+    if BLOCK_D == D:
+        tl.store(p, x.to(ptr.dtype.element_ty), mask=ok[:, None])
+    else:
+        tl.store(p, x.to(ptr.dtype.element_ty), mask=ok[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _square_tile(X, offs_m, offs_n, L, BAND: tl.constexpr):
+    """Tile (offs_m, offs_n) of one (L, L) row-major matrix, zero outside. Below the diagonal
+    band the columns are known to be in bounds (``j < i``), so only rows are checked."""
+    p = X + offs_m[:, None] * L + offs_n[None, :]
+    if BAND:
+        return tl.load(p, mask=(offs_m[:, None] < L) & (offs_n[None, :] < L), other=0.0)
+    return tl.load(p, mask=offs_m[:, None] < L, other=0.0)
+
+
+@triton.jit
+def _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
+                 HAS_CROSS: tl.constexpr, ACC: tl.constexpr):
+    """Head ``k``'s biases in log2 units: ALiBi slope, the diagonal's bias relative to the
+    off-diagonal ones (``b_self - b_cross``), and ``b_cross`` (which only enters the lse)."""
+    slope2 = 0.0
+    diag2 = 0.0
+    cross2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(SLOPE + k).to(ACC) * LOG2E
+    if HAS_SELF:
+        diag2 = tl.load(SELF + k).to(ACC) * LOG2E
+    if HAS_CROSS:
+        cross2 = tl.load(CROSS + k).to(ACC) * LOG2E
+        diag2 = diag2 - cross2
+    return slope2, diag2, cross2
+
+
+@triton.jit
+def _exponent(s, e, offs_m, offs_n, col, r, c, diag2, BAND: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_DIAG: tl.constexpr):
+    """``log2 p`` of a (BLOCK_M, BLOCK_N) tile (queries as rows) from the raw products
+    ``s = q kv^T``: ``c s + col_j + e_ij - r_i`` (``col`` the ALiBi column term, ``e`` the extra
+    logits if ``HAS_BIAS``, ``r`` the row offsets; ``col``/``r`` may be ``None``); on the
+    diagonal band also the diagonal bias and the causal mask (``-inf`` where ``j > i``)."""
+    x = s * c
+    if col is not None:
+        x += col[None, :]
+    if HAS_BIAS:
+        x += e.to(x.dtype)
+    if r is not None:
+        x = x - r[:, None]
+    if BAND:
+        if HAS_DIAG:
+            x = tl.where(offs_m[:, None] == offs_n[None, :], x + diag2, x)
+        x = tl.where(offs_n[None, :] <= offs_m[:, None], x, float("-inf"))
+    return x
+
+
+@triton.jit
+def _alibi_ramp(slope2, N: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """``slope2 * [0, 1, ..., N-1]`` (the ALiBi term of the columns of a tile relative to its
+    first column, hoisted out of the loops), or ``None`` without ALiBi."""
+    ramp = None
+    if HAS_ALIBI:
+        ramp = slope2 * tl.arange(0, N).to(tl.float32)
+    return ramp
+
+
+# ------------------------------------------------------------------------------------ forward
+
+@triton.jit
+def _fwd_step(acc, l_i, m_i, q, ramp, KVb, eb, start_n, start_m, offs_m, offs_d, sl, L, c,
+              slope2, diag2, BAND: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr, ACC: tl.constexpr,
+              PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One key tile of the online softmax in the log2 domain; ``kv`` is key and value. The
+    exponent is ``x + sigma`` with ``x = c s + ramp_j`` and the tile's ALiBi offset
+    ``sigma = slope2 (start_n - start_m)``, which only shifts the row maximum."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
+    s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+    if HAS_ALIBI or HAS_BIAS or BAND:
+        e = s
+        if HAS_BIAS:
+            e = _square_tile(eb, offs_m, offs_n, L, BAND)
+        x = _exponent(s, e, offs_m, offs_n, ramp, None, c, diag2, BAND, HAS_BIAS, HAS_DIAG)
+        sigma = slope2 * (start_n - start_m)
+        m_new = tl.maximum(m_i, tl.max(x, 1) + sigma)
+        p = tl.math.exp2(x - (m_new - sigma)[:, None])
+    else:  # plain tile below the diagonal: max of the raw products, then one FFMA per element
+        m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+        p = tl.math.exp2(s * c - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(kv.dtype), kv, acc, out_dtype=ACC, input_precision=PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_kernel(Q, KV, O, LSE, SLOPE, SELF, CROSS, EB, sb, sk, sl, n_heads, L, c,
+                D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
+                HAS_CROSS: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr,
+                PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """One program per (query block, batch*head), longest rows first: ``o`` and ``lse``."""
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    k = bh % n_heads
+    base = b.to(tl.int64) * sb + k.to(tl.int64) * sk
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < L
+    q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
+                                         ACC)
+    ramp = _alibi_ramp(slope2, BLOCK_N, HAS_ALIBI)
+    eb = EB + b.to(tl.int64) * L * L
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+    l_i = tl.zeros([BLOCK_M], ACC)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    band = start_m // BLOCK_N * BLOCK_N  # key tiles before it lie wholly below the diagonal
+    for start_n in range(0, band, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, ramp, KV + base, eb, start_n, start_m,
+                                  offs_m, offs_d, sl, L, c, slope2, diag2, False, D, HAS_ALIBI,
+                                  HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
+    for start_n in range(band, tl.minimum(start_m + BLOCK_M, L), BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, ramp, KV + base, eb, start_n, start_m,
+                                  offs_m, offs_d, sl, L, c, slope2, diag2, True, D, HAS_ALIBI,
+                                  HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
+    _store_rows(O + base, acc / l_i[:, None], offs_m, row_ok, offs_d, sl, D, BLOCK_D)
+    # the row terms dropped from the exponents: -slope (i - start_m) and b_cross
+    lse2 = m_i + tl.math.log2(l_i) - slope2 * (offs_m - start_m).to(tl.float32) + cross2
+    tl.store(LSE + bh.to(tl.int64) * L + offs_m, lse2 * LN2, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------ backward
+
+@triton.jit
+def _rowdot_step(rho, q, r, ramp, KVb, eb, dpb, start_n, start_m, offs_m, offs_d, sl, L, c,
+                 slope2, diag2, BAND: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr, ACC: tl.constexpr,
+                 PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``rho_i += sum_j P_ij DPB_ij`` over one key tile (the row pass of _pre_kernel)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
+    s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+    e = _square_tile(eb, offs_m, offs_n, L, BAND) if HAS_BIAS else s
+    if HAS_ALIBI:
+        r = r - slope2 * (start_n - start_m)
+    p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, ramp, r, c, diag2, BAND, HAS_BIAS,
+                               HAS_DIAG))
+    return rho + tl.sum(p * _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC), 1)
+
+#
+# The backward reads two row vectors per (batch, head), both written by _pre_kernel and padded
+# by ROW_PAD rows (so that no query tile needs a bounds check on them): the row offsets
+# R_i = lse_i log2(e) - b_cross log2(e) (+inf on padding rows: p = 0 there), and
+# DELTA_i = scale (o_i.do_i - dlse_i [+ sum_j P_ij dPB_ij]) (0 on padding rows).
+
+@triton.jit
+def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, SLOPE, SELF, CROSS, EB, DPB,
+                sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale,
+                D: tl.constexpr, HAS_DLSE: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
+                HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
+                PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """One program per (row block of the padded length ``Lp``, batch*head): ``R`` and
+    ``DELTA`` (the ``sum_j P_ij dPB_ij`` term, a row pass, for a gradient ``DPB`` of the
+    head-summed probabilities); with ``BIAS_GRAD`` also ``DSII_i = dS_ii``."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    k = bh % n_heads
+    base = b.to(tl.int64) * sb + k.to(tl.int64) * sk
+    dbase = b.to(tl.int64) * dob + k.to(tl.int64) * dok
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < L
+    pad_ok = offs_m < Lp
+    rows = bh.to(tl.int64) * L + offs_m
+    prow = bh.to(tl.int64) * Lp + offs_m
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
+                                         ACC)
+    lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
+    rr = lse * LOG2E - cross2
+    tl.store(R + prow, rr, mask=pad_ok)
+    do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True).to(ACC)
+    o = _load_rows(O + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True).to(ACC)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + rows, mask=row_ok, other=0.0).to(ACC)
+    eb = EB + b.to(tl.int64) * L * L
+    dpb = DPB + b.to(tl.int64) * L * L
+    if HAS_DPB:
+        if start_m < L:
+            q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+            ramp = _alibi_ramp(slope2, BLOCK_N, HAS_ALIBI)
+            r = rr
+            if HAS_ALIBI:
+                r = rr + slope2 * tl.arange(0, BLOCK_M).to(tl.float32)
+            rho = tl.zeros([BLOCK_M], ACC)
+            band = start_m // BLOCK_N * BLOCK_N
+            for start_n in range(0, band, BLOCK_N):
+                rho = _rowdot_step(rho, q, r, ramp, KV + base, eb, dpb, start_n, start_m, offs_m,
+                                   offs_d, sl, L, c, slope2, diag2, False, D, HAS_ALIBI,
+                                   HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
+            for start_n in range(band, tl.minimum(start_m + BLOCK_M, L), BLOCK_N):
+                rho = _rowdot_step(rho, q, r, ramp, KV + base, eb, dpb, start_n, start_m, offs_m,
+                                   offs_d, sl, L, c, slope2, diag2, True, D, HAS_ALIBI,
+                                   HAS_BIAS, HAS_SELF or HAS_CROSS, ACC, PREC, BLOCK_N, BLOCK_D)
+            delta += rho
+    tl.store(DELTA + prow, delta * scale, mask=pad_ok)
+    if BIAS_GRAD:
+        # dS_ii = P_ii (dP_ii - Delta_i): the diagonal logit s_ii = scale q_i.kv_i [+ E_ii] + b_self
+        q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True).to(ACC)
+        kv = _load_rows(KV + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True).to(ACC)
+        s2 = tl.sum(q * kv, 1) * c
+        dp = tl.sum(do * kv, 1)
+        if HAS_BIAS:
+            s2 += tl.load(eb + offs_m * (L + 1), mask=row_ok, other=0.0).to(ACC)
+        if HAS_DPB:
+            dp += tl.load(dpb + offs_m * (L + 1), mask=row_ok, other=0.0).to(ACC)
+        if HAS_SELF:
+            s2 += tl.load(SELF + k).to(ACC) * LOG2E
+        p_ii = tl.math.exp2(s2 - tl.where(row_ok, lse, 0.0) * LOG2E)
+        tl.store(DSII + rows, p_ii * (dp - delta), mask=row_ok)
+
+
+@triton.jit
+def _dkv_step(dkv, kv, keyterm, ramp_m, Qb, DOb, eb, dpb, R, DELTA, prow0, start_m, start_n,
+              offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2, diag2, BAND: tl.constexpr,
+              D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_DIAG: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
+              PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One query tile of ``d kv`` for a fixed key block, in the transposed orientation (keys as
+    rows, so that ``P^T`` is the left operand straight from registers):
+    ``d kv += P^T do + (scale dS)^T q``, both products into the same accumulator. The ALiBi
+    term ``slope2 (j - i)`` is ``keyterm_j - sigma - ramp_m_i`` with the loop-invariant
+    ``keyterm = slope2 (j - start_n)``, ``ramp_m = slope2 (i - start_m)`` and the tile offset
+    ``sigma = slope2 (start_m - start_n)``."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < L
+    q = _load_rows(Qb, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+    do = _load_rows(DOb, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True)
+    r = tl.load(R + prow0 + offs_m)  # padded: no bounds check
+    dlt = tl.load(DELTA + prow0 + offs_m)
+    st = tl.dot(kv, tl.trans(q), out_dtype=ACC, input_precision=PREC)  # (keys, queries)
+    if HAS_ALIBI:
+        x = st * c + (keyterm - slope2 * (start_m - start_n))[:, None]
+        r = r + ramp_m
+    else:
+        x = st * c
+    if HAS_BIAS:
+        x += _square_tile(eb, offs_m, offs_n, L, BAND).to(ACC).T
+    x = x - r[None, :]
+    if BAND:
+        if HAS_DIAG:
+            x = tl.where(offs_n[:, None] == offs_m[None, :], x + diag2, x)
+        x = tl.where(offs_n[:, None] <= offs_m[None, :], x, float("-inf"))
+    pt = tl.math.exp2(x)
+    dpt = tl.dot(kv, tl.trans(do), out_dtype=ACC, input_precision=PREC)
+    if HAS_DPB:
+        dpt += _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC).T
+    dst = pt * (dpt * scale - dlt[None, :])
+    dkv = tl.dot(pt.to(do.dtype), do, dkv, out_dtype=ACC, input_precision=PREC)  # value role
+    dkv = tl.dot(dst.to(q.dtype), q, dkv, out_dtype=ACC, input_precision=PREC)  # key role
+    return dkv
+
+
+@triton.jit
+def _dq_step(dq, sd, q, do, r, dlt, ramp, KVb, eb, dpb, start, start_n, offs_m, offs_d, sl, L,
+             c, scale, slope2, diag2, BAND: tl.constexpr, D: tl.constexpr,
+             HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr,
+             HAS_DPB: tl.constexpr, SLOPE_GRAD: tl.constexpr, ACC: tl.constexpr,
+             PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One key tile of ``dq = (scale dS) kv`` for a fixed query block; ``kv`` serves as the key
+    of ``q kv^T``, the value of ``do kv^T`` and the right factor of ``dq``."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
+    s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+    e = _square_tile(eb, offs_m, offs_n, L, BAND) if HAS_BIAS else s
+    if HAS_ALIBI:
+        r = r - slope2 * (start_n - start)
+    p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, ramp, r, c, diag2, BAND, HAS_BIAS,
+                               HAS_DIAG))
+    dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+    if HAS_DPB:
+        dp += _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC)
+    ds = p * (dp * scale - dlt[:, None])
+    dq = tl.dot(ds.to(kv.dtype), kv, dq, out_dtype=ACC, input_precision=PREC)
+    if SLOPE_GRAD:
+        sd += tl.sum(ds * (offs_m[:, None] - offs_n[None, :]).to(ACC), 1)
+    return dq, sd
+
+
+@triton.jit
+def _bwd_kernel(Q, KV, DO, DQ, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST, SLOPE, SELF,
+                CROSS, EB, DPB, sb, sk, sl, dob, dok, dol, n_heads, n_batch, L, Lp, c, scale,
+                D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
+                HAS_CROSS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr,
+                HAS_DLSE: tl.constexpr, SELF_GRAD: tl.constexpr, CROSS_GRAD: tl.constexpr,
+                SLOPE_GRAD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """One program per (block n, batch*head): ``d kv`` of key block n (query tiles of
+    ``BLOCK_M1``), then ``dq`` of query block n (key tiles of ``BLOCK_N2``); both blocks are
+    ``BLOCK_N1`` long. Program 0 of head k also folds the rows of ``DSII`` into the self and
+    cross bias gradients of head k."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    k = bh % n_heads
+    base = b.to(tl.int64) * sb + k.to(tl.int64) * sk
+    dbase = b.to(tl.int64) * dob + k.to(tl.int64) * dok
+    prow0 = bh.to(tl.int64) * Lp
+    eb = EB + b.to(tl.int64) * L * L
+    dpb = DPB + b.to(tl.int64) * L * L
+    start = pid * BLOCK_N1
+    offs_d = tl.arange(0, BLOCK_D)
+    slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
+                                         ACC)
+    HAS_DIAG: tl.constexpr = HAS_SELF or HAS_CROSS
+
+    # d kv of keys [start, start + BLOCK_N1): query tiles from the diagonal down
+    offs_n = start + tl.arange(0, BLOCK_N1)
+    col_ok = offs_n < L
+    kv = _load_rows(KV + base, offs_n, col_ok, offs_d, sl, D, BLOCK_D, True)
+    keyterm = slope2 * tl.arange(0, BLOCK_N1).to(tl.float32)
+    ramp_m = slope2 * tl.arange(0, BLOCK_M1).to(tl.float32)
+    dkv = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
+    for start_m in range(start, tl.minimum(start + BLOCK_N1, L), BLOCK_M1):
+        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, eb, dpb, R, DELTA, prow0,
+                        start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2,
+                        diag2, True, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
+                        BLOCK_M1, BLOCK_D)
+    below = start + (BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1 * BLOCK_M1
+    for start_m in range(below, L, BLOCK_M1):
+        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, eb, dpb, R, DELTA, prow0,
+                        start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2,
+                        diag2, False, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
+                        BLOCK_M1, BLOCK_D)
+    _store_rows(DKV + base, dkv, offs_n, col_ok, offs_d, sl, D, BLOCK_D)
+
+    # dq of queries [start, start + BLOCK_N1): key tiles from the left, the band last
+    offs_m = offs_n
+    row_ok = col_ok
+    q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+    do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True)
+    r = tl.load(R + prow0 + offs_m)
+    if HAS_ALIBI:
+        r = r + keyterm  # slope2 (i - start)
+    dlt = tl.load(DELTA + prow0 + offs_m)
+    ramp = _alibi_ramp(slope2, BLOCK_N2, HAS_ALIBI)
+    dq = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
+    sd = tl.zeros([BLOCK_N1], ACC)
+    band = start // BLOCK_N2 * BLOCK_N2
+    for start_n in range(0, band, BLOCK_N2):
+        dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                          offs_m, offs_d, sl, L, c, scale, slope2, diag2, False, D, HAS_ALIBI,
+                          HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
+    for start_n in range(band, tl.minimum(start + BLOCK_N1, L), BLOCK_N2):
+        dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                          offs_m, offs_d, sl, L, c, scale, slope2, diag2, True, D, HAS_ALIBI,
+                          HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
+    _store_rows(DQ + base, dq, offs_m, row_ok, offs_d, sl, D, BLOCK_D)
+    if SLOPE_GRAD:
+        tl.store(DSDIST + bh.to(tl.int64) * L + offs_m, sd, mask=row_ok)
+
+    if SELF_GRAD or CROSS_GRAD:
+        if (pid == 0) & (bh < n_heads):  # fold head k's rows, in a fixed order
+            offs = tl.arange(0, BLOCK_N1)
+            ds_sum = tl.zeros([BLOCK_N1], ACC)
+            dlse_sum = tl.zeros([BLOCK_N1], ACC)
+            for bb in range(0, n_batch):
+                rows = (bb * n_heads + k).to(tl.int64) * L
+                for i0 in range(0, L, BLOCK_N1):
+                    ok = i0 + offs < L
+                    ds_sum += tl.load(DSII + rows + i0 + offs, mask=ok, other=0.0)
+                    if HAS_DLSE:
+                        dlse_sum += tl.load(DLSE + rows + i0 + offs, mask=ok, other=0.0).to(ACC)
+            dself = tl.sum(ds_sum, 0)
+            if SELF_GRAD:
+                tl.store(DSELF + k, dself.to(DSELF.dtype.element_ty))
+            if CROSS_GRAD:  # the rows of dS sum to dlse
+                tl.store(DCROSS + k, (tl.sum(dlse_sum, 0) - dself).to(DCROSS.dtype.element_ty))
+
+
+# ------------------------------------------------------------------------------------ head sums
+
+@triton.jit
+def _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m, offs_n, row_ok,
+                  col_ok, offs_d, sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale, start_m,
+                  BAND: tl.constexpr, GRAD: tl.constexpr, D: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
+                  PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    for k in range(0, n_heads):
+        bh = b * n_heads + k
+        kk = (b * 0 + k).to(tl.int64)
+        base = b.to(tl.int64) * sb + kk * sk
+        q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+        kv = _load_rows(KV + base, offs_n, col_ok, offs_d, sl, D, BLOCK_D, True)
+        slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF,
+                                             HAS_CROSS, ACC)
+        if GRAD:  # the padded row offsets of _pre_kernel
+            r = tl.load(R + bh.to(tl.int64) * Lp + offs_m)
+        else:
+            lse = tl.load(LSE + bh.to(tl.int64) * L + offs_m, mask=row_ok, other=float("inf"))
+            r = lse * LOG2E - cross2
+        col = None
+        if HAS_ALIBI:
+            col = slope2 * (offs_n - start_m).to(tl.float32)
+            r = r + slope2 * (offs_m - start_m).to(tl.float32)
+        s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+        p = tl.math.exp2(_exponent(s, e, offs_m, offs_n, col, r, c, diag2, BAND, HAS_BIAS,
+                                   HAS_SELF or HAS_CROSS))
+        if GRAD:
+            do = _load_rows(DO + b.to(tl.int64) * dob + kk * dok, offs_m, row_ok, offs_d, dol, D,
+                            BLOCK_D, True)
+            dlt = tl.load(DELTA + bh.to(tl.int64) * Lp + offs_m)
+            dp = tl.dot(do, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
+            if HAS_DPB:
+                dp += dpb
+            acc += p * (dp * scale - dlt[:, None])
+        else:
+            acc += p
+    return acc
+
+
+@triton.jit
+def _headsum_kernel(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, EB, DPB, OUT,
+                    sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale,
+                    GRAD: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    HAS_DPB: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (query block, key block, batch), looping over the heads: the tile of
+    ``A = sum_k P_k`` (``GRAD=False``, from the lse) or of ``G = scale sum_k dS_k``
+    (``GRAD=True``, from the rows of _pre_kernel), both (B, L, L) and zero above the
+    diagonal."""
+    start_m = tl.program_id(0) * BLOCK_M
+    start_n = tl.program_id(1) * BLOCK_N
+    b = tl.program_id(2)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < L
+    col_ok = offs_n < L
+    out = OUT + b.to(tl.int64) * L * L + offs_m[:, None] * L + offs_n[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    if start_n >= start_m + BLOCK_M:  # wholly above the diagonal
+        tl.store(out, tl.zeros([BLOCK_M, BLOCK_N], ACC).to(OUT.dtype.element_ty), mask=mask)
+    else:
+        e = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+        if HAS_BIAS:
+            e = _square_tile(EB + b.to(tl.int64) * L * L, offs_m, offs_n, L, True).to(ACC)
+        dpb = e
+        if HAS_DPB:
+            dpb = _square_tile(DPB + b.to(tl.int64) * L * L, offs_m, offs_n, L, True).to(ACC)
+        if start_n + BLOCK_N <= start_m:
+            acc = _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m,
+                                offs_n, row_ok, col_ok, offs_d, sb, sk, sl, dob, dok, dol,
+                                n_heads, L, Lp, c, scale, start_m, False, GRAD, D, HAS_ALIBI,
+                                HAS_SELF, HAS_CROSS, HAS_BIAS, HAS_DPB, ACC, PREC, BLOCK_M,
+                                BLOCK_N, BLOCK_D)
+        else:
+            acc = _headsum_tile(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, e, dpb, b, offs_m,
+                                offs_n, row_ok, col_ok, offs_d, sb, sk, sl, dob, dok, dol,
+                                n_heads, L, Lp, c, scale, start_m, True, GRAD, D, HAS_ALIBI,
+                                HAS_SELF, HAS_CROSS, HAS_BIAS, HAS_DPB, ACC, PREC, BLOCK_M,
+                                BLOCK_N, BLOCK_D)
+        tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _extra_grads_kernel(G, A, QE, KE, DOE, DQE, DKE, L, DE, sqb, sql, skb, skl, sdb, sdl,
+                        HAS_A: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Both gradients of the shared extra pair, in one launch (grid axis 2: batch x 2 jobs),
+    skipping the zero triangle of the lower-triangular ``G`` and ``A`` (B, L, L):
+    job 0 ``dq_e[i] = sum_{j<=i} G_ij k_e[j]``; job 1 ``dk_e[j] = sum_{i>=j} G_ij q_e[i]
+    + A_ij do_e[i]``. Outputs (B, L, DE) contiguous."""
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = tl.program_id(2) // 2
+    job = tl.program_id(2) % 2
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < L
+    col_ok = offs_n < DE
+    sq = G + b.to(tl.int64) * L * L
+    acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
+    if job == 0:
+        for k0 in range(0, tl.minimum(start_m + BLOCK_M, L), BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < L
+            g = tl.load(sq + offs_m[:, None] * L + offs_k[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            ke = tl.load(KE + b.to(tl.int64) * skb + offs_k[:, None] * skl + offs_n[None, :],
+                         mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(g, ke, acc, out_dtype=ACC, input_precision=PREC)
+        out = DQE
+    else:
+        for k0 in range(start_m // BLOCK_K * BLOCK_K, L, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < L
+            tmask = row_ok[:, None] & k_ok[None, :]
+            gt = tl.load(sq + offs_k[None, :] * L + offs_m[:, None], mask=tmask, other=0.0)
+            qe = tl.load(QE + b.to(tl.int64) * sqb + offs_k[:, None] * sql + offs_n[None, :],
+                         mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(gt, qe, acc, out_dtype=ACC, input_precision=PREC)
+            if HAS_A:
+                at = tl.load(A + b.to(tl.int64) * L * L + offs_k[None, :] * L + offs_m[:, None],
+                             mask=tmask, other=0.0)
+                doe = tl.load(DOE + b.to(tl.int64) * sdb + offs_k[:, None] * sdl + offs_n[None, :],
+                              mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                acc = tl.dot(at, doe, acc, out_dtype=ACC, input_precision=PREC)
+        out = DKE
+    tl.store(out + b.to(tl.int64) * L * DE + offs_m[:, None] * DE + offs_n[None, :],
+             acc.to(out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+# ------------------------------------------------------------------------------- configurations
+
+ROW_PAD = 128  # padding of the backward's row vectors: the longest query tile
+
+
+def _cfg(num_warps=4, num_stages=2, **blocks):
+    return dict(blocks, num_warps=num_warps, num_stages=num_stages)
+
+
+# One configuration per kernel under the interpreter (or any CPU launch): small tiles, and
+# different query and key tile sizes so that the band logic is exercised with unequal tiles.
+INTERPRETER_CONFIGS = {
+    "fwd": dict(BLOCK_M=32, BLOCK_N=16),
+    "pre": dict(BLOCK_M=16, BLOCK_N=16),
+    "bwd": dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_N2=16),
+    "headsum": dict(BLOCK_M=16, BLOCK_N=16),
+    "extra_grads": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16),
+}
+
+# The autotune space on a GPU, per kernel and padded head width (BLOCK_D; 0: any), _cfg(num_warps,
+# num_stages, tiles). The spill-free part of the candidates of benchmarks/compile_kernels.py
+# (`candidates`), compiled for sm_90 in bf16 in the variant that holds the most values in
+# registers (the default layer's call): results/compile_kernels_sweep.json, in its order. The first
+# entry, the one with the fewest non-MMA instructions per score element, is the default (used with
+# CEMLIB_AUTOTUNE=0, and the one the compile report counts); tests/test_kernels_compile.py checks
+# that this table is the committed sweep's.
+GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
+    "fwd": {
+        64: [
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=128), _cfg(4, 3, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128), _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64), _cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
+        ],
+    },
+    "pre": {
+        64: [
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=128), _cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=32), _cfg(4, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=32), _cfg(8, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=64), _cfg(4, 3, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=64), _cfg(8, 3, BLOCK_M=32, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=128), _cfg(4, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+        128: [
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=32, BLOCK_N=32), _cfg(4, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=32), _cfg(8, 3, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=128), _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+    },
+    "bwd": {
+        64: [
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+        ],
+    },
+    "headsum": {
+        64: [
+            _cfg(4, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
+            _cfg(4, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=32, BLOCK_N=32), _cfg(8, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
+            _cfg(4, 3, BLOCK_M=32, BLOCK_N=64), _cfg(8, 2, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=64), _cfg(8, 2, BLOCK_M=32, BLOCK_N=128),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
+            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(4, 3, BLOCK_M=32, BLOCK_N=32), _cfg(8, 2, BLOCK_M=32, BLOCK_N=32),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 2, BLOCK_M=32, BLOCK_N=64), _cfg(8, 3, BLOCK_M=32, BLOCK_N=64),
+            _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
+        ],
+    },
+    "extra_grads": {
+        0: [
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+            _cfg(8, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(8, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
+            _cfg(4, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+        ],
+    },
+}
+
+
+def _check_pad(name: str, cfg: dict) -> None:
+    """The backward's row vectors are padded by ROW_PAD rows: no query tile may be longer."""
+    tiles = [v for k, v in cfg.items() if k.startswith("BLOCK")]
+    if name in ("bwd", "headsum") and max(tiles) > ROW_PAD:
+        raise ValueError(f"{name} tiles longer than ROW_PAD = {ROW_PAD}: {cfg}")
+
+
+def _gpu_configs(name: str, block_d: int) -> list[dict]:
+    table = GPU_CONFIGS[name]
+    width = min((w for w in table if w >= block_d), default=max(table))
+    return table[width]
+
+
+_override: dict[str, dict] = {}
+_tuners: dict = {}
+
+
+@contextlib.contextmanager
+def use_configs(**configs):
+    """Run the named kernels (``fwd``, ``pre``, ``bwd``, ``headsum``, ``extra_grads``) with the
+    given meta-parameters (tile sizes, and on a GPU ``num_warps``/``num_stages``) instead of the
+    interpreter's or the autotuned ones: ``with use_configs(fwd=dict(BLOCK_M=16, BLOCK_N=32)):``."""
+    for name, cfg in configs.items():
+        if name not in INTERPRETER_CONFIGS:
+            raise ValueError(f"unknown kernel {name!r}; one of {sorted(INTERPRETER_CONFIGS)}")
+        _check_pad(name, cfg)
+    previous = dict(_override)
+    _override.update(configs)
+    try:
+        yield
+    finally:
+        _override.clear()
+        _override.update(previous)
+
+
+_TUNE_KEYS = ("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_DPB", "HAS_DLSE",
+              "SELF_GRAD", "CROSS_GRAD", "SLOPE_GRAD", "BIAS_GRAD", "GRAD", "HAS_A", "DE")
+
+
+def _select(name: str, device: torch.device, block_d: int):
+    """The configuration to launch with, or ``None`` for the autotuner."""
+    if name in _override:
+        return dict(_override[name])
+    if INTERPRET or device.type != "cuda":
+        return dict(INTERPRETER_CONFIGS[name])
+    if not AUTOTUNE:
+        return dict(_gpu_configs(name, block_d)[0])
+    return None
+
+
+def _launch(name, kernel, grid, args, meta, block_d, device):
+    """Launch ``kernel`` (grid: a function of the meta-parameters) with the selected
+    configuration, or through a cached ``triton.autotune`` over :data:`GPU_CONFIGS`."""
+    cfg = _select(name, device, block_d)
+    if cfg is not None:
+        kernel[grid(cfg)](*args, **meta, **cfg)
+        return
+    key = (name, block_d)
+    if key not in _tuners:
+        configs = []
+        for c in _gpu_configs(name, block_d):
+            c = dict(c)
+            warps, stages = c.pop("num_warps"), c.pop("num_stages")
+            configs.append(triton.Config(c, num_warps=warps, num_stages=stages))
+        names = kernel.arg_names
+        _tuners[key] = triton.autotune(configs, key=[k for k in _TUNE_KEYS if k in names])(kernel)
+    _tuners[key][grid](*args, **meta)
+
+
+# ------------------------------------------------------------------------------------ host code
+
+def covers(q, q_extra, extra_values: bool, extra_head_sum: bool) -> bool:
+    """Whether this module computes the call (:func:`cemlib.kernels.paths.v2_covers`): head
+    width at most 128, and no extra pair or a head-shared one (B, L, D_e) without extra values
+    or with head-summed ones."""
+    return v2_covers(q, q_extra, extra_values, extra_head_sum)
+
+
+def _check_interpreter_dtype(t: Tensor) -> None:
+    """The Triton interpreter silently computes garbage in bfloat16; refuse it."""
+    if INTERPRET and t.dtype == torch.bfloat16:
+        raise TypeError("bfloat16 is not supported under TRITON_INTERPRET=1 (the interpreter "
+                        "silently mis-computes it); use float16 or float32 on CPU")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _unit_rows(t: Tensor) -> Tensor:
+    """``t`` with a contiguous last dimension (a copy only if it is not)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _same_layout(q: Tensor, kv: Tensor):
+    """``q`` and ``kv`` with one set of strides and a contiguous head dimension: the layers'
+    head-split views pass unchanged; anything else is made contiguous."""
+    if q.stride() == kv.stride() and q.stride(-1) == 1:
+        return q, kv
+    return q.contiguous(), kv.contiguous()
+
+
+class _Call:
+    """The sizes, flags and operands that every kernel of one call shares."""
+
+    def __init__(self, q, kv, scale, alibi, self_bias, cross_bias, extra):
+        _check_interpreter_dtype(q)
+        self.q, self.kv = _same_layout(q, kv)
+        self.B, self.K, self.L, self.D = q.shape
+        self.block_d = max(16, triton.next_power_of_2(self.D))
+        self.device = q.device
+        self.acc = _acc_dtype(q.dtype)
+        self.scale = float(scale)
+        self.c = self.scale * math.log2(math.e)
+        self.alibi, self.self_bias, self.cross_bias = alibi, self_bias, cross_bias
+        self.vec = [t.detach() if t is not None else self.q for t in (alibi, self_bias, cross_bias)]
+        self.strides = self.q.stride()[:3]
+        self.flags = dict(D=self.D, HAS_ALIBI=alibi is not None, HAS_SELF=self_bias is not None,
+                          HAS_CROSS=cross_bias is not None, HAS_BIAS=extra,
+                          ACC=tl.float64 if self.acc == torch.float64 else tl.float32,
+                          PREC="ieee" if self.acc == q.dtype else "tf32")
+
+    def blocks(self, cfg_key):
+        return lambda cfg: triton.cdiv(self.L, cfg[cfg_key])
+
+    def launch(self, name, kernel, grid, args, **meta):
+        _launch(name, kernel, grid, args, dict(self.flags, BLOCK_D=self.block_d, **meta),
+                self.block_d, self.device)
+
+    def forward(self, e2):
+        """``(o, lse)``; ``e2`` the extra logits (B, L, L) in log2 units, or ``None``."""
+        o = torch.empty_like(self.q)
+        lse = torch.empty((self.B, self.K, self.L), dtype=self.acc, device=self.device)
+        n = self.blocks("BLOCK_M")
+        self.launch("fwd", _fwd_kernel, lambda cfg: (n(cfg), self.B * self.K),
+                    (self.q, self.kv, o, lse, *self.vec, e2 if e2 is not None else self.q,
+                     *self.strides, self.K, self.L, self.c))
+        return o, lse
+
+    def head_sum(self, lse, e2, do=None, rows=None, dpb=None):
+        """``A = sum_k P_k`` or, with ``do`` and the padded ``rows = (R, DELTA)`` of the
+        backward, ``G = scale sum_k dS_k``: (B, L, L) in the input dtype, zero above the
+        diagonal."""
+        out = torch.empty((self.B, self.L, self.L), dtype=self.q.dtype, device=self.device)
+        grad = do is not None
+        r, delta = rows if grad else (lse, lse)
+        do = do if grad else self.q
+        m, n = self.blocks("BLOCK_M"), self.blocks("BLOCK_N")
+        self.launch("headsum", _headsum_kernel, lambda cfg: (m(cfg), n(cfg), self.B),
+                    (self.q, self.kv, do, lse, r, delta, *self.vec, e2,
+                     dpb if dpb is not None else e2, out, *self.strides, *do.stride()[:3],
+                     self.K, self.L, self.L + ROW_PAD, self.c, self.scale),
+                    GRAD=grad, HAS_DPB=dpb is not None)
+        return out
+
+    def backward(self, o, lse, do, dlse, e2, dpb, need_self, need_cross, need_slope):
+        """``(dq, dkv, dalibi, dself, dcross, rows)``: gradients not needed are ``None``;
+        ``rows = (R, DELTA)``, the padded row vectors of :func:`_pre_kernel`."""
+        B, K, L = self.B, self.K, self.L
+        Lp = L + ROW_PAD
+        dstr = do.stride()[:3]
+        r = torch.empty((B, K, Lp), dtype=self.acc, device=self.device)
+        delta = torch.empty_like(r)
+        bias_grad = need_self or need_cross
+        dsii = torch.empty((B, K, L), dtype=self.acc, device=self.device) if bias_grad else r
+        common = (*self.vec, e2 if e2 is not None else self.q, dpb if dpb is not None else self.q)
+        dlse_arg = dlse if dlse is not None else lse
+        self.launch("pre", _pre_kernel, lambda cfg: (triton.cdiv(Lp, cfg["BLOCK_M"]), B * K),
+                    (self.q, self.kv, o, do, lse, dlse_arg, r, delta, dsii, *common,
+                     *self.strides, *dstr, K, L, Lp, self.c, self.scale),
+                    HAS_DLSE=dlse is not None, BIAS_GRAD=bias_grad, HAS_DPB=dpb is not None)
+        dq, dkv = torch.empty_like(self.q), torch.empty_like(self.kv)
+        dself = torch.empty_like(self.self_bias) if need_self else r
+        dcross = torch.empty_like(self.cross_bias) if need_cross else r
+        dsdist = torch.empty((B, K, L), dtype=self.acc, device=self.device) if need_slope else r
+        n = self.blocks("BLOCK_N1")
+        self.launch("bwd", _bwd_kernel, lambda cfg: (n(cfg), B * K),
+                    (self.q, self.kv, do, dq, dkv, r, delta, dsii, dlse_arg, dself, dcross,
+                     dsdist, *common, *self.strides, *dstr, K, B, L, Lp, self.c, self.scale),
+                    HAS_DPB=dpb is not None, HAS_DLSE=dlse is not None, SELF_GRAD=need_self,
+                    CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope)
+        dalibi = None
+        if need_slope:  # d s_ij / d m = -(i - j); the kernel summed (scale dS_ij)(i - j)
+            dalibi = (dsdist.sum((0, 2)) * (-1.0 / self.scale)).to(self.alibi.dtype)
+        return (dq, dkv, dalibi, dself if need_self else None, dcross if need_cross else None,
+                (r, delta))
+
+
+def _extra_grads(g, a, q_extra, k_extra, doe):
+    """``(dq_e, dk_e)`` of the shared pair from ``G`` (and ``A``, ``do_e``): one launch."""
+    B, L, DE = q_extra.shape
+    q_extra, k_extra = _unit_rows(q_extra), _unit_rows(k_extra)
+    dqe = torch.empty((B, L, DE), dtype=q_extra.dtype, device=q_extra.device)
+    dke = torch.empty((B, L, DE), dtype=k_extra.dtype, device=k_extra.device)
+    has_a = doe is not None
+    doe = _unit_rows(doe) if has_a else k_extra
+    acc = _acc_dtype(q_extra.dtype)
+    _launch("extra_grads", _extra_grads_kernel,
+            lambda cfg: (triton.cdiv(L, cfg["BLOCK_M"]), triton.cdiv(DE, cfg["BLOCK_N"]), 2 * B),
+            (g, a if has_a else g, q_extra, k_extra, doe, dqe, dke, L, DE,
+             q_extra.stride(0), q_extra.stride(1), k_extra.stride(0), k_extra.stride(1),
+             doe.stride(0), doe.stride(1)),
+            dict(HAS_A=has_a, ACC=tl.float64 if acc == torch.float64 else tl.float32,
+                 PREC="ieee" if acc == q_extra.dtype else "tf32"),
+            0, q_extra.device)
+    return dqe, dke
+
+
+def forward(q, kv, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
+            k_extra=None, extra_values=False):
+    """``(o, lse, o_extra, e2, A)``: the outputs, and the extra logits ``e2`` (in log2 units)
+    and head-summed probabilities ``A`` that the backward reuses (``None`` where absent).
+    ``o_extra = A k_extra`` (B, L, D_e) with ``extra_values`` (head-summed). Inputs are
+    assumed validated (:mod:`cemlib.kernels.dispatch`) and covered (:func:`covers`)."""
+    run = _Call(q, kv, scale, alibi, self_bias, cross_bias, q_extra is not None)
+    e2 = oe = a = None
+    if q_extra is not None:  # one GEMM, scaled to log2 units on the way
+        e2 = torch.baddbmm(q_extra.new_empty(run.B, run.L, run.L), q_extra,
+                           k_extra.transpose(1, 2), beta=0.0, alpha=run.c)
+    o, lse = run.forward(e2)
+    if extra_values:
+        a = run.head_sum(lse, e2)
+        oe = torch.bmm(a, k_extra)
+    return o, lse, oe, e2, a
+
+
+def backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra,
+             k_extra, e2, a, needs):
+    """Gradients ``(dq, dkv, dalibi, dself, dcross, dq_extra, dk_extra)`` (``None`` where not
+    needed); ``needs``: which of ``(q, kv, alibi, self_bias, cross_bias, q_extra, k_extra)``
+    need one (q and kv always get theirs). ``dlse``/``doe`` may be ``None`` (zero)."""
+    run = _Call(q, kv, scale, alibi, self_bias, cross_bias, q_extra is not None)
+    do = _unit_rows(do) if do is not None else torch.zeros_like(o)
+    if dlse is not None:
+        dlse = dlse.contiguous()
+    dpb = None
+    if doe is not None and a is not None:  # o_extra = A k_e: dA = do_e k_e^T reaches every dP_k
+        dpb = torch.bmm(doe, k_extra.transpose(1, 2))
+    need_slope = bool(needs[2])
+    dq, dkv, dalibi, dself, dcross, rows = run.backward(o, lse, do, dlse, e2, dpb,
+                                                         bool(needs[3]), bool(needs[4]),
+                                                         need_slope)
+    dqe = dke = None
+    if q_extra is not None and (needs[5] or needs[6]):
+        g = run.head_sum(lse, e2, do, rows, dpb)
+        dqe, dke = _extra_grads(g, a, q_extra, k_extra, doe if dpb is not None else None)
+    return (dq, dkv, dalibi, dself, dcross, dqe if needs[5] else None,
+            dke if needs[6] else None)
+
+
+# ------------------------------------------------------------------------------------ autograd
+
+class _TiedAttention(torch.autograd.Function):
+    """Eager entry: forward and backward call the launchers directly."""
+
+    @staticmethod
+    def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+        o, lse, oe, e2, a = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
+                                    extra_values)
+        ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a)
+        ctx.scale = scale
+        ctx.set_materialize_grads(False)  # unused outputs (lse, in the layers) cost nothing
+        return (o, lse, oe) if extra_values else (o, lse)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, dlse, doe=None):
+        q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        dq, dkv, dalibi, dself, dcross, dqe, dke = backward(
+            do, dlse, doe, q, kv, o, lse, ctx.scale, alibi, self_bias, cross_bias, q_extra,
+            k_extra, e2, a, (n[0], n[1], n[3], n[4], n[5], n[6], n[7]))
+        return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None
+
+
+def _empty(t: Tensor) -> Tensor:
+    return t.new_empty(0)
+
+
+@custom_op("cemlib::tied_attention_v2_fwd", mutates_args=())
+def _fwd_op(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
+            self_bias: Optional[Tensor], cross_bias: Optional[Tensor], q_extra: Optional[Tensor],
+            k_extra: Optional[Tensor], extra_values: bool
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    with _on_device(q):
+        out = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values)
+    return tuple(t if t is not None else _empty(q) for t in out)
+
+
+@_fwd_op.register_fake
+def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+    B, K, L, _ = q.shape
+    acc = _acc_dtype(q.dtype)
+    square = q.new_empty((B, L, L)) if q_extra is not None else _empty(q)
+    return (torch.empty_like(_same_layout(q, kv)[0]), q.new_empty((B, K, L), dtype=acc),
+            k_extra.new_empty((B, L, k_extra.shape[-1])) if extra_values else _empty(q),
+            square, q.new_empty((B, L, L)) if extra_values else _empty(q))
+
+
+@custom_op("cemlib::tied_attention_v2_bwd", mutates_args=())
+def _bwd_op(do: Optional[Tensor], dlse: Optional[Tensor], doe: Optional[Tensor], q: Tensor,
+            kv: Tensor, o: Tensor, lse: Tensor, scale: float, alibi: Optional[Tensor],
+            self_bias: Optional[Tensor], cross_bias: Optional[Tensor], q_extra: Optional[Tensor],
+            k_extra: Optional[Tensor], e2: Optional[Tensor], a: Optional[Tensor],
+            needs: list[bool]) -> list[Tensor]:
+    with _on_device(q):
+        grads = backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias,
+                         q_extra, k_extra, e2, a, needs)
+    return [g if g is not None else _empty(q) for g in grads]
+
+
+@_bwd_op.register_fake
+def _(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a,
+      needs):
+    like = [q, kv, alibi, self_bias, cross_bias, q_extra, k_extra]
+    flags = [True, True, *needs[2:]]
+    out = []
+    for t, need in zip(like, flags):
+        out.append(torch.empty_like(t) if t is not None and need else _empty(q))
+    return out
+
+
+def _op_setup(ctx, inputs, output):
+    q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values = inputs
+    o, lse, _, e2, a = output
+    ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra,
+                          e2 if q_extra is not None else None, a if extra_values else None)
+    ctx.scale = scale
+
+
+def _op_backward(ctx, do, dlse, doe, _de2, _da):
+    q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    needs = [n[0], n[1], n[3], n[4], n[5], n[6], n[7]]
+    g = _bwd_op(do, dlse, doe if a is not None else None, q, kv, o, lse, ctx.scale, alibi,
+                self_bias, cross_bias, q_extra, k_extra, e2, a, needs)
+    dq, dkv, dalibi, dself, dcross, dqe, dke = [gi if need else None
+                                                for gi, need in zip(g, [True, True, *needs[2:]])]
+    return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None
+
+
+_fwd_op.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+def _on_device(t: Tensor):
+    """Launch on ``t``'s GPU (Triton launches on the current CUDA device)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
+                   k_extra=None, extra_values=False, extra_head_sum=False):
+    """The v2 kernels with the contract of :func:`cemlib.kernels.reference.tied_attention`;
+    returns ``(o, lse[, o_extra])`` (``o_extra`` head-summed, (B, L, D_e)). Takes the calls
+    :func:`covers` accepts (a ``ValueError`` otherwise); inputs are not validated further
+    (:func:`cemlib.kernels.dispatch.tied_attention` does that)."""
+    if not covers(q, q_extra, extra_values, extra_head_sum):
+        raise ValueError("tied_attention_v2 takes head widths up to 128 and no extra pair or a "
+                         "head-shared one (B, L, D_e) with head-summed extra values; per-head "
+                         "pairs or values and wider heads go to "
+                         "cemlib.kernels.tied_attention_triton (v1)")
+    extra_values = bool(extra_values)
+    if torch.compiler.is_compiling():
+        o, lse, oe, _, _ = _fwd_op(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
+                                   k_extra, extra_values)
+        return (o, lse, oe) if extra_values else (o, lse)
+    with _on_device(q):
+        return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
+                                    k_extra, extra_values)

@@ -1,0 +1,333 @@
+"""The second version of the tied attention kernels (:mod:`cemlib.kernels.tied_attention_v2`)
+against the float64 reference: forward and every gradient (q, kv, the shared extra pair, lse,
+the self/cross biases, learned ALiBi slopes) on awkward shapes; its tile configurations; its
+place in the dispatcher; ``torch.compile``; and the number of kernel launches per call.
+
+On a machine without CUDA the kernels run under Triton's interpreter (``triton_interpreter.py``).
+Shapes are tiny: the interpreter runs every program instance in numpy, one after another.
+Criteria: float32 within 1e-5 (relative to the largest entry) of the float64 reference; float16
+within the FlashAttention criterion, an error against float64 at most twice that of the float16
+PyTorch reference (plus a small floor for what the reference gets exactly).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from triton_interpreter import CUDA, DEVICE, kernels_usable, rerun_in_fresh_process  # noqa: F401
+
+triton = pytest.importorskip("triton")
+
+from cemlib.kernels import dispatch, ops, reference  # noqa: E402
+from cemlib.kernels import tied_attention_triton as v1  # noqa: E402
+from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.kernels.launches import count_launches  # noqa: E402
+
+
+def test_interpreted_suite_in_fresh_process():
+    rerun_in_fresh_process(__file__)
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b| (b the trusted value), in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, K, L, D, biases=(True, True, True), De=0, seed=0, split_heads=True):
+    """float64 inputs; ``q``/``kv`` as the layers make them (head-split views of (B, L, K D)),
+    ``q_extra``/``k_extra`` the shared pair (B, L, De)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    if split_heads:
+        q, kv = (rnd(B, L, K, D).transpose(1, 2) for _ in range(2))
+    else:
+        q, kv = rnd(B, K, L, D), rnd(B, K, L, D)
+    inp = dict(q=q, kv=kv)
+    alibi, self_b, cross_b = biases
+    if alibi:
+        inp["alibi"] = reference.alibi_slopes(K)
+    if self_b:
+        inp["self_bias"] = rnd(K)
+    if cross_b:
+        inp["cross_bias"] = rnd(K)
+    if De:
+        inp["q_extra"], inp["k_extra"] = rnd(B, L, De, scale=0.5), rnd(B, L, De, scale=0.5)
+    return inp
+
+
+def run(fn, inp, dtype, scale=0.37, values=False, outputs=(0, 1, 2), learn_alibi=False, seed=1):
+    """Outputs and the gradients of every input (alibi only if ``learn_alibi``) of
+    ``sum_k <cot_k, out_k>`` over the chosen outputs (``1`` is lse)."""
+    leaves = {}
+    for name, t in inp.items():
+        t = t.to(dtype).to(DEVICE)
+        if name != "alibi" or learn_alibi:
+            t = t.detach().requires_grad_()
+        leaves[name] = t
+    args = dict(leaves)
+    kw = dict(extra_values=True, extra_head_sum=True) if values else {}
+    outs = fn(args.pop("q"), args.pop("kv"), scale=scale, **args, **kw)
+    g = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(DEVICE) for o in outs]
+    loss = sum((outs[i].double() * cot[i]).sum() for i in outputs if i < len(outs))
+    loss.backward()
+    grads = {n: t.grad for n, t in leaves.items() if t.requires_grad}
+    return list(outs), grads
+
+
+CASES = [  # B, K, L, D, (alibi, self, cross), De, extra values, outputs used
+    (1, 1, 1, 8, (True, True, True), 0, False, (0, 1)),      # L = 1, one head
+    (2, 3, 37, 20, (True, True, True), 0, False, (0, 1)),    # L, D not multiples of any tile
+    (1, 16, 9, 16, (True, True, True), 0, False, (0, 1)),    # 16 heads
+    (1, 2, 45, 33, (False, False, False), 0, False, (0,)),   # plain causal, odd D, no lse
+    (1, 2, 33, 16, (True, True, True), 0, False, (1,)),      # lse only (the energy)
+    (2, 2, 29, 24, (True, True, True), 40, True, (0, 1, 2)),  # the default layer's call
+    (1, 3, 17, 8, (True, True, True), 136, True, (0, 2)),    # wider pair than a tile
+    (1, 2, 21, 8, (False, True, False), 12, False, (0, 1)),  # pair in the logits only
+    (1, 1, 1, 8, (True, True, True), 10, True, (0, 1, 2)),   # L = 1 with the pair
+] + [(1, 2, 19, 8, b, 0, False, (0, 1)) for b in itertools.product((False, True), repeat=3)
+     if b not in ((True, True, True), (False, False, False))]  # every bias combination
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_v2_float32_matches_the_float64_reference(case):
+    B, K, L, D, biases, De, values, used = case
+    inp = make_inputs(B, K, L, D, biases, De)
+    got, got_g = run(v2.tied_attention, inp, torch.float32, values=values, outputs=used)
+    ref, ref_g = run(reference.tied_attention, inp, torch.float64, values=values, outputs=used)
+    assert len(got) == len(ref) == (3 if values else 2)
+    for name, a, b in zip(["o", "lse", "o_extra"], got, ref):
+        assert a.shape == b.shape, name
+        assert a.dtype == torch.float32, name
+        assert rel_err(a, b) <= 1e-5, (name, rel_err(a, b))
+    assert set(got_g) == set(ref_g) == {n for n in inp if n != "alibi"}
+    for name in ref_g:
+        assert got_g[name].dtype == torch.float32, name
+        if L == 1 and name == "cross_bias":  # no pair j < i: the exact gradient is zero, the
+            assert got_g[name].abs().max() < 1e-6  # rest is the rounding of dS_00 = 0
+            continue
+        assert rel_err(got_g[name], ref_g[name]) <= 1e-5, (name, rel_err(got_g[name],
+                                                                          ref_g[name]))
+
+
+def test_v2_learned_alibi_slopes():
+    """Slopes that require grad (no cemlib layer learns them) get theirs from the dq loop."""
+    for De, values in ((0, False), (12, True)):
+        inp = make_inputs(2, 2, 27, 8, De=De)
+        got, got_g = run(v2.tied_attention, inp, torch.float32, values=values, learn_alibi=True)
+        ref, ref_g = run(reference.tied_attention, inp, torch.float64, values=values,
+                         learn_alibi=True)
+        assert rel_err(got_g["alibi"], ref_g["alibi"]) <= 1e-5
+        assert rel_err(got_g["q"], ref_g["q"]) <= 1e-5
+
+
+@pytest.mark.parametrize("configs", [
+    dict(fwd=dict(BLOCK_M=16, BLOCK_N=32), bwd=dict(BLOCK_M1=32, BLOCK_N1=16, BLOCK_N2=32),
+         pre=dict(BLOCK_M=16, BLOCK_N=32), headsum=dict(BLOCK_M=32, BLOCK_N=16),
+         extra_grads=dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=32)),
+    dict(fwd=dict(BLOCK_M=64, BLOCK_N=16), bwd=dict(BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+         pre=dict(BLOCK_M=32, BLOCK_N=16), headsum=dict(BLOCK_M=16, BLOCK_N=64)),
+])
+def test_v2_tile_configurations(configs):
+    """Query and key tiles of unequal sizes both ways (the band split and the padded rows of
+    the backward depend on them); the GPU runs other sizes than the interpreter's default."""
+    inp = make_inputs(1, 2, 70, 16, De=24, seed=3)
+    ref, ref_g = run(reference.tied_attention, inp, torch.float64, values=True)
+    with v2.use_configs(**configs):
+        got, got_g = run(v2.tied_attention, inp, torch.float32, values=True)
+    for a, b in zip(got, ref):
+        assert rel_err(a, b) <= 1e-5
+    for name in ref_g:
+        assert rel_err(got_g[name], ref_g[name]) <= 1e-5, name
+    with pytest.raises(ValueError, match="ROW_PAD"):
+        with v2.use_configs(bwd=dict(BLOCK_M1=16, BLOCK_N1=256, BLOCK_N2=16)):
+            pass
+
+
+@pytest.mark.parametrize("case", [(1, 2, 33, 16, 0), (1, 16, 12, 16, 0), (2, 2, 29, 24, 40)])
+def test_v2_float16_flash_criterion(case):
+    B, K, L, D, De = case
+    inp = make_inputs(B, K, L, D, De=De, seed=4)
+    inp16 = {n: t.half() for n, t in inp.items()}
+    exact, exact_g = run(reference.tied_attention, {n: t.double() for n, t in inp16.items()},
+                         torch.float64, scale=0.25, values=bool(De))
+    ref, ref_g = run(reference.tied_attention, inp16, torch.float16, scale=0.25, values=bool(De))
+    got, got_g = run(v2.tied_attention, inp16, torch.float16, scale=0.25, values=bool(De))
+    for a, r, e in zip(got, ref, exact):
+        assert rel_err(a, e) <= 2 * rel_err(r, e) + 1e-3
+    for name in exact_g:
+        assert rel_err(got_g[name], exact_g[name]) <= 2 * rel_err(ref_g[name], exact_g[name]) \
+            + 2e-3, name
+
+
+def test_v2_gradcheck_float64():
+    inp = make_inputs(1, 2, 6, 3, De=4)
+    inp["alibi"] = inp["alibi"].clone()
+    names = list(inp)
+
+    def f(*xs):
+        kw = dict(zip(names, xs))
+        return v2.tied_attention(kw.pop("q"), kw.pop("kv"), scale=0.7, extra_values=True,
+                                 extra_head_sum=True, **kw)
+
+    xs = [inp[n].to(DEVICE).clone().requires_grad_() for n in names]
+    assert torch.autograd.gradcheck(f, xs, fast_mode=True)
+
+
+def test_v2_keeps_the_layers_head_layout():
+    """Head-split views go in without a copy and ``o``, ``dq``, ``d kv`` come out laid out the
+    same way, so that the layer's head merge is a view."""
+    inp = make_inputs(2, 3, 10, 8)
+    q, kv = (inp[n].float().to(DEVICE).requires_grad_() for n in ("q", "kv"))
+    o, lse = v2.tied_attention(q, kv, scale=0.5)
+    assert o.stride() == q.stride() and o.transpose(1, 2).is_contiguous()
+    o.sum().backward()
+    assert q.grad.stride() == q.stride() and kv.grad.stride() == kv.stride()
+    contiguous = {n: t.contiguous() for n, t in make_inputs(2, 3, 10, 8).items()}
+    o2, _ = v2.tied_attention(contiguous["q"].float().to(DEVICE),
+                              contiguous["kv"].float().to(DEVICE), scale=0.5)
+    assert o2.is_contiguous() and torch.equal(o2, o.detach())
+
+
+def test_v2_covers_and_refuses():
+    q = torch.empty(1, 2, 5, 8)
+    assert v2.covers(q, None, False, False)
+    assert dispatch.v2_covers(q, torch.empty(1, 5, 7), True, True)
+    assert not v2.covers(q, torch.empty(1, 2, 5, 7), True, True)  # per-head pair: version 1
+    assert not v2.covers(q, torch.empty(1, 5, 7), True, False)  # per-head extra values: v1
+    assert not v2.covers(torch.empty(1, 2, 5, 129), None, False, False)  # wide heads: v1
+    with pytest.raises(ValueError, match="per-head"):
+        v2.tied_attention(q, q, scale=1.0, q_extra=torch.empty(1, 2, 5, 7),
+                          k_extra=torch.empty(1, 5, 7))
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter-only guard")
+def test_v2_interpreter_refuses_bfloat16():
+    x = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16 is not supported under TRITON_INTERPRET"):
+        v2.tied_attention(x, x, scale=1.0)
+
+
+def test_dispatch_routes_triton_to_v2_and_v1(monkeypatch):
+    """``"triton"`` (and ``"auto"`` on CUDA) runs version 2 where it covers the call and version
+    1 elsewhere; ``"triton_v1"`` runs version 1 everywhere."""
+    seen = []
+    real_v2, real_v1 = v2.forward, v1.attention_forward
+    monkeypatch.setattr(v2, "forward", lambda *a: seen.append(2) or real_v2(*a))
+    monkeypatch.setattr(v1, "attention_forward", lambda *a: seen.append(1) or real_v1(*a))
+    shared = make_inputs(1, 2, 9, 8, De=6)
+    per_head = dict(shared, q_extra=torch.randn(1, 2, 9, 6, dtype=torch.float64))
+    calls = [(make_inputs(1, 2, 9, 8), {}), (shared, dict(extra_values=True, extra_head_sum=True)),
+             (per_head, dict(extra_values=True)), (shared, dict(extra_values=True))]
+    for backend, expected in (("triton", [2, 2, 1, 1]), ("triton_v1", [1, 1, 1, 1])):
+        seen.clear()
+        with dispatch.use_backend(backend):
+            for inp, kw in calls:
+                x = {n: t.float().to(DEVICE) for n, t in inp.items()}
+                out = dispatch.tied_attention(x.pop("q"), x.pop("kv"), scale=0.5, **x, **kw)
+                with dispatch.use_backend("reference"):
+                    x = {n: t.float().to(DEVICE) for n, t in inp.items()}
+                    want = dispatch.tied_attention(x.pop("q"), x.pop("kv"), scale=0.5, **x, **kw)
+                for a, b in zip(out, want):
+                    assert rel_err(a, b) < 1e-5
+        assert seen == expected, backend
+
+
+def test_v2_traces_under_torch_compile():
+    """While compiling, v2 runs as two opaque custom ops: no graph break (fullgraph), the same
+    values and gradients as the eager autograd.Function."""
+    plain = make_inputs(1, 2, 11, 8)
+    shared = make_inputs(1, 2, 11, 8, De=12, seed=5)
+    torch._dynamo.reset()
+
+    def energy(q, kv, sb, cb, qe, ke):
+        o, lse = v2.tied_attention(q, kv, scale=0.5, alibi=plain["alibi"].float().to(DEVICE),
+                                   self_bias=sb, cross_bias=cb)
+        o2, lse2, oe = v2.tied_attention(q, kv, scale=0.5, q_extra=qe, k_extra=ke,
+                                         extra_values=True, extra_head_sum=True)
+        return (-lse.sum() * 2 + o.square().sum() + o2.square().sum() + lse2.sum()
+                + oe.square().sum())
+
+    xs = [plain["q"], plain["kv"], plain["self_bias"], plain["cross_bias"], shared["q_extra"],
+          shared["k_extra"]]
+    results = []
+    for fn in (energy, torch.compile(energy, backend="aot_eager", fullgraph=True)):
+        leaves = [x.float().to(DEVICE).requires_grad_() for x in xs]
+        val = fn(*leaves)
+        val.backward()
+        results.append([val] + [x.grad for x in leaves])
+    for a, b in zip(*results):
+        assert rel_err(a, b) < 1e-6
+
+
+# ------------------------------------------------------------------------------ launch counts
+
+def test_count_launches_counts_kernels_not_views():
+    a = torch.randn(4, 6)
+    with count_launches() as n:
+        b = (a @ a.T).relu()          # two kernels
+        c = b.view(16).transpose(0, 0)  # views: none
+        torch.empty(5)                # an allocation: none
+        c.sum()                       # one
+    assert dict(n.torch) == {"mm": 1, "relu": 1, "sum": 1} and not n.triton and n.total == 3
+
+
+def _default_layer_call(B=1, K=2, L=13, D=8, De=24, dtype=torch.float32):
+    """The attention call of the default CEM layer (shared diagonal, exact diagonal values,
+    ALiBi buffer, learned self/cross biases), inputs as the layer makes them."""
+    inp = make_inputs(B, K, L, D, De=De, seed=6)
+    leaves = {n: t.to(dtype).to(DEVICE).requires_grad_(n != "alibi") for n, t in inp.items()}
+    grads = [torch.randn(B, K, L, D).transpose(1, 2).contiguous().transpose(1, 2).to(DEVICE),
+             torch.randn(B, L, De).to(DEVICE)]
+    return leaves, grads
+
+
+def test_launches_per_forward_backward():
+    """One CEM attention call, forward and backward: at most 5 launches without the extra pair
+    (here 3: the forward, the preprocess, the backward) and at most 10 for the default CEM
+    layer's call (shared diagonal of width D_h with head-summed values); the Triton launches and
+    the PyTorch operators that would launch kernels on a GPU are both counted."""
+    leaves, (do, doe) = _default_layer_call()
+    plain = {n: t for n, t in leaves.items() if n not in ("q_extra", "k_extra")}
+    dispatch.set_backend("triton")  # what "auto" does on CUDA
+    with count_launches() as n_plain:
+        o, lse = dispatch.tied_attention(plain["q"], plain["kv"], scale=0.5, alibi=plain["alibi"],
+                                         self_bias=plain["self_bias"],
+                                         cross_bias=plain["cross_bias"])
+        o.backward(do)
+    assert n_plain.total <= 5, str(n_plain)
+    assert dict(n_plain.triton) == {"_fwd_kernel": 1, "_pre_kernel": 1, "_bwd_kernel": 1}
+    for t in leaves.values():
+        t.grad = None
+    a = dict(leaves)
+    with count_launches() as n_layer:
+        o, lse, oe = dispatch.tied_attention(a.pop("q"), a.pop("kv"), scale=0.5,
+                                             extra_values=True, extra_head_sum=True, **a)
+        torch.autograd.backward([o, oe], [do, doe])
+    assert n_layer.total <= 10, str(n_layer)
+    assert all(leaves[n].grad is not None for n in leaves if n != "alibi")
+
+
+def test_default_cem_layer_runs_v2(monkeypatch):
+    """The default CEM layer (shared diagonal, exact diagonal values) reaches the second version
+    through the dispatcher, and its forward+backward launches fewer kernels than with the
+    first (the rest of the layer, norms and projections, is the same in both)."""
+    from cemlib.layers.cem_attention import CEMAttention
+    torch.manual_seed(0)
+    layer = CEMAttention(24, 2, init_std=0.3).to(DEVICE)
+    x = torch.randn(1, 13, 24, device=DEVICE)
+    seen, real = [], v2.forward
+    monkeypatch.setattr(v2, "forward", lambda *a: seen.append(a[6] is not None) or real(*a))
+    totals = {}
+    for backend in ("triton", "triton_v1"):
+        layer.zero_grad()
+        with dispatch.use_backend(backend), count_launches() as n:
+            layer(x).square().sum().backward()
+        totals[backend] = n.total
+    assert seen == [True]  # one call, with the shared pair, on the second version only
+    assert totals["triton"] < totals["triton_v1"], totals
