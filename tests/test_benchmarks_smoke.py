@@ -125,3 +125,28 @@ def test_cpu_speed_benchmark_suite_smoke(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/cpu_speed.py", "--suite", "bench-listops",
                         "--variants", "cem-t2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "unknown variant" in r.stderr
+
+
+def test_gpu_script_finds_autotuners_built_at_first_call():
+    """The autotune stage reads every ``triton.autotune`` of the v2 module, including those that
+    ``tied_attention_v2`` builds at its first call and keeps in ``_tuners`` (keyed by kernel and
+    padded head width) -- none of which exists at import."""
+    import types
+
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_kernels
+    finally:
+        sys.path.pop(0)
+
+    @triton.jit
+    def _copy(x_ptr, BLOCK: tl.constexpr):
+        pass
+
+    tuner = triton.autotune([triton.Config({"BLOCK": 16})], key=[])(_copy)
+    module = types.SimpleNamespace(_tuners={("fwd", 64): tuner}, other=1)
+    assert gpu_kernels._autotuners(module) == {"fwd@64": tuner}
+    assert gpu_kernels._autotuners(types.SimpleNamespace()) == {}
