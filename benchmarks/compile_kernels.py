@@ -519,7 +519,7 @@ def main(argv=None):
                    help="combine --sweep files of parts of the kernels into one")
     p.add_argument("--out", help="JSON path (default: benchmarks/results/compile_kernels.json, "
                                  "or compile_kernels_sweep.json with --sweep/--merge; an existing stored "
-                                 "file is kept and a new one written beside it unless --replace)")
+                                 "file is kept and a new file is written beside it unless --replace)")
     p.add_argument("--replace", action="store_true", help="overwrite the stored default file")
     args = p.parse_args(argv)
     default = RESULTS / ("compile_kernels_sweep.json" if args.sweep or args.merge else "compile_kernels.json")

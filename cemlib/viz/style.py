@@ -27,7 +27,10 @@ def use_book_style(retina: bool = True) -> None:
         except ImportError:
             return
         if get_ipython() is not None:
-            from matplotlib_inline.backend_inline import set_matplotlib_formats
+            try:
+                from matplotlib_inline.backend_inline import set_matplotlib_formats
+            except ImportError:
+                return
             set_matplotlib_formats("retina")
 
 
