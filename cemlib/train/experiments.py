@@ -115,7 +115,8 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
     if preset not in presets:
         raise ConfigError(f"unknown preset {preset!r} for experiment {experiment!r}; "
                           f"known: {', '.join(sorted(presets))}")
-    cfg = ExperimentConfig.from_dict(presets[preset].to_dict())  # a copy: presets stay untouched
+    base = presets[preset]
+    cfg = ExperimentConfig.from_dict(base.to_dict())  # a copy: presets stay untouched
     overrides = list(overrides)
     if overrides:
         w = cfg.optim.warmup_steps
@@ -132,7 +133,7 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
                 overrides = overrides + [f"optim.warmup_steps={clamped}"]
         cfg = apply_overrides(cfg, overrides)
     _check_model_fields(cfg)
-    check_data_config(cfg)
+    check_data_config(cfg, base)
     return cfg
 
 

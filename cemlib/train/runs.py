@@ -34,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["RunFolderError", "NON_IDENTITY_FIELDS", "identity_config", "identity_differences", "run_id",
+__all__ = ["RunFolderError", "NON_IDENTITY_FIELDS", "identity_config", "identity_differences", "identity_key",
+           "run_id",
            "default_out_dir", "grid_stem", "run_artifacts", "newest_checkpoint", "resolve_checkpoint",
            "folder_run", "check_run_folder", "out_dir_lock", "LOCK_NAME", "name_max"]
 
@@ -78,6 +79,20 @@ def _flat(d: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def _numbers_as_floats(v):
+    if isinstance(v, dict):
+        return {k: _numbers_as_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers_as_floats(x) for x in v]
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def identity_key(cfg) -> str:
+    """A string equal for two configs exactly when :func:`identity_differences` finds none (numbers
+    compared by value: ``8`` and ``8.0`` are the same)."""
+    return json.dumps(_numbers_as_floats(identity_config(cfg)), sort_keys=True, default=repr)
 
 
 def identity_differences(a, b) -> list[str]:

@@ -218,7 +218,7 @@ def plan_grid(experiments, preset: str = "cpu", grid: dict | None = None, seeds=
     """Resolve and check every run of the grid before any trains (see the module docstring);
     raise :class:`~cemlib.train.config.ConfigError` naming the problem."""
     from cemlib.train.experiments import get_config
-    from cemlib.train.runs import grid_stem, identity_differences, run_id
+    from cemlib.train.runs import grid_stem, identity_key
     experiments, seeds, grid = list(experiments), list(seeds), dict(grid or {})
     _unique(experiments, "--experiment")
     for s in seeds:
@@ -235,16 +235,15 @@ def plan_grid(experiments, preset: str = "cpu", grid: dict | None = None, seeds=
         if not values:
             raise ConfigError(f"grid axis {key} has no values")
         _unique([str(v) for v in values], f"grid axis {key}")
-    runs, by_id = [], {}
+    runs, seen = [], {}
     for exp, ovr, seed in grid_runs(experiments, grid, seeds):
         notes: list[str] = []
         cfg = get_config(exp, preset, [*overrides, *ovr, f"train.seed={seed}"], notes)
         run = GridRun(exp, ovr, seed, cfg, notes, grid_stem(exp, preset, ovr, seed, cfg, name_limit))
-        for other in by_id.get(run_id(cfg), []):
-            if not identity_differences(other.cfg, cfg):
-                raise ConfigError(f"two runs of the grid are the same run ({other.stem} and {run.stem}): a "
-                                  f"grid value repeats another or the preset's own value")
-        by_id.setdefault(run_id(cfg), []).append(run)
+        other = seen.setdefault(identity_key(cfg), run)
+        if other is not run:
+            raise ConfigError(f"two runs of the grid are the same run ({other.stem} and {run.stem}): a "
+                              f"grid value repeats another (e.g. 8 and 8.0)")
         runs.append(run)
     return runs
 

@@ -10,8 +10,8 @@ experiment train on the same data.
 :func:`~cemlib.train.experiments.get_config`): the dataset name, every ``task.*`` option's name,
 type and range (numbers finite, ``data_seed`` >= 0, ``n_*`` >= 1, ``*_fraction`` in (0, 1)), and
 that the fields a dataset does not read (:func:`unused_fields`: ``data.path``,
-``data.val_fraction``, ``train.context_length``) keep their defaults instead of being ignored in
-silence. Results files leave those fields out. A user's own file (``data.path``: a text file for
+``data.val_fraction``, ``train.context_length``) keep their preset's values instead of being
+ignored in silence. Results files leave those fields out. A user's own file (``data.path``: a text file for
 ``shakespeare``, a ``.npz`` for ``sudoku``, the CIFAR-10 folder) is read without the shipped
 file's checksum, checked for completeness, and described in ``task.info["data_source"]``.
 
@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from cemlib.train.config import ConfigError, DataConfig, TrainConfig
+from cemlib.train.config import ConfigError
 from cemlib.train.data import TokenBatches
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask,
                                 RegressionTask, Task, TaskDataError, TokenClassificationTask)
@@ -363,9 +362,12 @@ def _check_option(key: str, value, annotation) -> None:
         raise ConfigError(f"task.{key} must lie in (0, 1), got {value!r}")
 
 
-def check_data_config(cfg) -> None:
+def check_data_config(cfg, base=None) -> None:
     """Validate the data side of ``cfg`` before anything loads (see the module docstring); raise
-    :class:`~cemlib.train.config.ConfigError` naming the field."""
+    :class:`~cemlib.train.config.ConfigError` naming the field. ``base`` (the preset's config)
+    turns on the check of the fields the dataset does not read: one set to a value other than
+    ``base``'s is refused (a preset's own value, e.g. a language model's context length after a
+    change of ``data.name``, is merely unused)."""
     name = cfg.data.name
     if name not in TASKS:
         raise ConfigError(f"unknown dataset data.name={name!r}; known: {', '.join(sorted(TASKS))}")
@@ -376,12 +378,10 @@ def check_data_config(cfg) -> None:
                           f"{', '.join(params) or 'none'}")
     for key, value in cfg.task.items():
         _check_option(key, value, params[key].annotation)
-    defaults = {"data": {f.name: f.default for f in fields(DataConfig)},
-                "train": {f.name: f.default for f in fields(TrainConfig)}}
-    for dotted in unused_fields(name):
+    for dotted in unused_fields(name) if base is not None else ():
         section, field_name = dotted.split(".")
         value = getattr(getattr(cfg, section), field_name)
-        if value != defaults[section][field_name]:
+        if value != getattr(getattr(base, section), field_name):
             raise ConfigError(f"{dotted}={value!r} is not used by the {name!r} data ({_WHY_UNUSED[dotted]}); "
                               f"leave it unset")
     vf = cfg.data.val_fraction
