@@ -342,7 +342,8 @@ def _summary_line(res: dict, out: Path, results_path: Path) -> str:
     best, key = m.get("best") or {}, m["primary_metric"]
     ev = res["curves"]["eval"]
     first, last = (ev[0][key], ev[-1][key]) if ev else (float("nan"), float("nan"))
-    where = f" ({out / best['checkpoint']})" if best.get("checkpoint") else ""
+    where = f" ({out / best['checkpoint']})" if best.get("checkpoint") else \
+        " (the initial weights)" if best.get("step") == 0 else ""
     mfu = "n/a (no known peak)" if m["mfu"] is None else f"{100 * m['mfu']:.1f} %"
     speed = (f"{m['tokens_per_s']:.0f} tokens/s" if res.get("task", {}).get("kind") == "language_modelling"
              else f"{m['examples_per_s']:.0f} examples/s")

@@ -180,6 +180,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
             raise CheckpointError(f"--resume {path}: the folder holds no checkpoint (last.pt or "
                                   f"ckpt_<step>.pt){'; it holds last_good.pt, which you may name' if (path / 'last_good.pt').is_file() else ''}")
         return found
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     return path
 
 

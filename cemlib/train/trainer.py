@@ -440,7 +440,8 @@ class Trainer:
     def fit(self, resume: str | Path | None = None, until: int | None = None) -> dict:
         """Train to ``cfg.train.max_steps`` (or stop early after step ``until`` with a checkpoint).
 
-        ``resume`` continues from a checkpoint; on CPU the result is bit-identical to an
+        ``resume`` continues from a checkpoint (or a run folder: its newest checkpoint, see
+        :func:`~cemlib.train.runs.newest_checkpoint`); on CPU the result is bit-identical to an
         uninterrupted run. Raises :class:`NonFiniteError` on NaN/Inf after saving ``last_good.pt``,
         and :class:`TrainingInterrupted` after SIGINT / SIGTERM (checkpoint and results so far
         saved). At ``max_steps`` the final model is also evaluated on the whole validation split;
@@ -459,7 +460,8 @@ class Trainer:
     def _fit(self, resume, until) -> dict:
         tc = self.cfg.train
         if resume is not None:
-            self.load_checkpoint(resume)
+            from cemlib.train.runs import resolve_checkpoint
+            self.load_checkpoint(resolve_checkpoint(resume))
         stop = tc.max_steps if until is None else until
         if not self.step <= stop <= tc.max_steps:
             raise ValueError(f"until={until} must lie between the current step {self.step} "
