@@ -290,7 +290,7 @@ def test_out_of_vocabulary_ids_and_nested_json_are_named(tmp_path):
         model(torch.tensor([[1, 10]]))
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(ResultsError, match="'deep.json' is nested too deeply"):
+    with pytest.raises(ResultsError, match="'deep.json' is nested too deeply to be read"):
         load_results(deep)
 
 

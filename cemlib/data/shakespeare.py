@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SHA256", "ChecksumError", "load_text", "is_shipped", "CharTokenizer", "load_shakespeare", "CharSplits"]
+__all__ = ["SHA256", "ChecksumError", "load_text", "is_shipped", "verify_sha256", "CharTokenizer", "load_shakespeare", "CharSplits"]
 
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 _FILE = "tinyshakespeare.txt.gz"
@@ -44,6 +44,14 @@ def is_shipped(path: str | Path | None) -> bool:
 _SHIPPED_ONLY = "shipped file only"
 
 
+def verify_sha256(path: Path, data: bytes, sha256: str) -> None:
+    """Raise :class:`ChecksumError` naming ``path`` unless ``data`` (its contents) hash to ``sha256``."""
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise ChecksumError(f"{path.name}: SHA-256 {got} does not match the expected {sha256} "
+                            f"({len(data)} bytes); the file is corrupted or truncated")
+
+
 def load_text(path: str | Path | None = None, sha256: str | None = _SHIPPED_ONLY) -> str:
     """Return the corpus as a string, the shipped copy after checking its SHA-256.
 
@@ -68,10 +76,7 @@ def load_text(path: str | Path | None = None, sha256: str | None = _SHIPPED_ONLY
             raise ValueError(f"{p.name}: cannot decompress ({err})") from None
         raise ChecksumError(f"{p.name}: cannot decompress ({err}); expected SHA-256 {sha256}") from err
     if sha256 is not None:
-        got = hashlib.sha256(data).hexdigest()
-        if got != sha256:
-            raise ChecksumError(f"{p.name}: SHA-256 {got} does not match the expected {sha256} "
-                                f"({len(data)} bytes); the file is corrupted or truncated")
+        verify_sha256(p, data, sha256)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -29,7 +29,6 @@ it must hold complete valid grids whose givens agree with them (:func:`check_boa
 
 from __future__ import annotations
 
-import hashlib
 import io
 import random
 import zipfile
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cemlib.data.shakespeare import ChecksumError
+from cemlib.data.shakespeare import verify_sha256
 from cemlib.utils import check_positive_int
 
 __all__ = ["SUDOKU_SHA256", "check_boards", "count_solutions", "solve", "is_valid_solution", "solved_by_singles",
@@ -396,10 +395,7 @@ def load_sudoku(path: str | Path | None = None, sha256: str | None = "shipped fi
         raise FileNotFoundError(f"Sudoku file not found: {p.name}")
     raw = p.read_bytes()
     if sha256 is not None:
-        got = hashlib.sha256(raw).hexdigest()
-        if got != sha256:
-            raise ChecksumError(f"{p.name}: SHA-256 {got} does not match the expected {sha256} "
-                                f"({len(raw)} bytes); the file is corrupted or truncated")
+        verify_sha256(p, raw, sha256)
     try:
         z = np.load(io.BytesIO(raw), allow_pickle=False)
     except Exception as err:  # noqa: BLE001 -- numpy raises several kinds for a foreign file

@@ -194,13 +194,8 @@ def _parse_grid(axes: list[str]) -> dict[str, list[str]]:
 def _config_file(path: str, preset: str | None):
     """``(experiment, preset, overrides)`` of a ``--config`` JSON file, validated."""
     from cemlib.train.config import ExperimentConfig
-    p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--config {path}: not valid JSON ({err})") from None
-    except RecursionError:
-        raise ConfigError(f"--config {path}: nested too deeply to be a config") from None
+    from cemlib.train.results import read_json
+    d = read_json(Path(path), f"--config {path}", ConfigError)
     if not isinstance(d, dict):
         raise ConfigError(f"--config {path}: expected a JSON object (what --print-config prints)")
     cfg = ExperimentConfig.from_dict(d)
@@ -288,6 +283,8 @@ def _grid(args, experiments, preset, grid, seeds, overrides) -> int:
     rows = grid_sweep(experiments, preset, grid, seeds, out, overrides, verbose=not args.quiet,
                       overwrite=args.overwrite, max_runs=args.max_runs, strategy=args.strategy,
                       log=tuple(args.log))
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 1 if rows.failed else 0
     print((Path(out) / "summary.md").read_text())
     if rows.failed:
         print(f"error: {len(rows.failed)} of the grid's runs failed (listed in {Path(out) / 'summary.md'})",
@@ -315,8 +312,9 @@ def _single(args, experiment, preset, overrides, checkpoint, payload, started_at
         if step is None:
             from cemlib.train.checkpoint import load_checkpoint
             step = load_checkpoint(resume)["step"]
-        print(f"resuming {experiment} ({preset}) from step {step}/{cfg.train.max_steps} ({resume}) in {out}",
-              file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"resuming {experiment} ({preset}) from step {step}/{cfg.train.max_steps} ({resume}) in {out}",
+                  file=sys.stderr)
     else:
         out = Path(args.out) if args.out else default_out_dir(cfg)
     results_path = out / run["results"] if run.get("results") and not args.out else None

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["SCHEMA", "environment_info", "git_commit", "save_results", "load_results", "plot_curves",
-           "device_name", "ResultsError"]
+           "device_name", "ResultsError", "read_json"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
@@ -102,19 +102,25 @@ def save_results(path: str | Path, results: dict) -> Path:
     return atomic_write_bytes(path, text.encode(), "results file")
 
 
+def read_json(path: Path, what: str, error: type[Exception]):
+    """The JSON in ``path``; a file that is not JSON, not UTF-8 or nested too deeply for Python
+    raises ``error`` with one line naming ``what``."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise error(f"{what} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise error(f"{what} is nested too deeply to be read") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{what} is not UTF-8 text: {err.reason}") from None
+
+
 def load_results(path: str | Path) -> dict:
     """Read a results file and check its schema; raise :class:`ResultsError` naming the problem."""
     path = Path(path)
     if not path.is_file():
         raise ResultsError(f"results file {path.name!r} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ResultsError(f"results file {path.name!r} is not valid JSON: {err}") from None
-    except RecursionError:
-        raise ResultsError(f"results file {path.name!r} is nested too deeply to be a results file") from None
-    except UnicodeDecodeError as err:
-        raise ResultsError(f"results file {path.name!r} is not UTF-8 text: {err.reason}") from None
+    data = read_json(path, f"results file {path.name!r}", ResultsError)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ResultsError(f"results file {path.name!r} has schema "
                            f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r}")

@@ -311,10 +311,16 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
     import os
     from pathlib import Path
 
+    from cemlib.train.distributed import resolve_device
     from cemlib.train.experiments import reproduce_command, run_config
     from cemlib.train.runs import folder_run, name_max, newest_checkpoint, out_dir_lock
     from cemlib.train.tasks import TaskDataError
     from cemlib.train.trainer import NonFiniteError, TrainingInterrupted, prepare_out_dir
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun: rank 0 writes and reports
+
+    def say(*args, **kwargs):
+        if main:
+            print(*args, **kwargs)
     n = grid_size(experiments, grid, seeds)
     if n > max_runs:
         raise ConfigError(f"the grid has {n:,} runs, more than max_runs={max_runs:,} (--max-runs): check "
@@ -325,7 +331,9 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
         prepare_out_dir(out)  # writable, before the first run trains
         limit = max(40, min(200, name_max(out) - 40))  # room for ".json" and temporary-file suffixes
     runs = plan_grid(experiments, preset, grid, seeds, overrides, name_limit=limit)
-    held = out_dir_lock(out) if out is not None else contextlib.nullcontext()
+    for device in {r.cfg.train.device for r in runs}:  # a device this machine lacks: refused once, first
+        resolve_device(device)
+    held = out_dir_lock(out) if out is not None and main else contextlib.nullcontext()
     with held:
         index = _stored_runs(out) if out is not None else {}
         stored = {i: hit for i, r in enumerate(runs) if (hit := _find_identical(index, r)) is not None}
@@ -337,15 +345,15 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
                 raise ConfigError(f"the grid's file paths in {out} reach {longest} characters, more than "
                                   f"the {path_max} this file system allows; choose a shorter --out")
         points = math.prod(len(v) for v in (grid or {}).values())
-        print(f"grid: {n} run{'s' * (n != 1)} = {len(list(experiments))} experiment(s) x {points} grid "
-              f"point(s) x {len(list(seeds))} seed(s)" + (f" into {out}; {len(done)} already complete there"
-                                                             if out is not None else ""), file=sys.stderr)
+        where = f" into {out}; {len(done)} already complete there" if out is not None else ""
+        say(f"grid: {n} run{'s' * (n != 1)} = {len(list(experiments))} experiment(s) x {points} grid "
+            f"point(s) x {len(list(seeds))} seed(s){where}", file=sys.stderr)
         results, failed, skipped = [], [], []
         for i, run in enumerate(runs):
             tag = f"[{i + 1}/{n}] {run.stem}"
             if i in done:
                 path, res = done[i]
-                print(f"{tag}: skipped, the same run is stored in {path.name}", file=sys.stderr)
+                say(f"{tag}: skipped, the same run is stored in {path.name}", file=sys.stderr)
                 results.append(res)
                 skipped.append(run.stem)
                 continue
@@ -353,7 +361,7 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
             failure = run_dir / "failure.txt" if run_dir is not None else None
             if failure is not None and failure.is_file() and not overwrite:
                 error = failure.read_text().strip()
-                print(f"{tag}: failed before ({error[:200]}); --overwrite tries it again", file=sys.stderr)
+                say(f"{tag}: failed before ({error[:200]}); --overwrite tries it again", file=sys.stderr)
                 failed.append({"run": run.stem, "experiment": run.experiment, "overrides": run.overrides,
                                "seed": run.seed, "error": error})
                 continue
@@ -363,7 +371,7 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
                 held_run = folder_run(run_dir) if ck is not None else None
                 if held_run is not None and held_run["source"] == ck:
                     resume = ck
-            print(f"{tag}: " + (f"resuming from {resume.name}" if resume else "training"), file=sys.stderr)
+            say(f"{tag}: " + (f"resuming from {resume.name}" if resume else "training"), file=sys.stderr)
             cmd = reproduce_command(run.experiment, preset, [*overrides, *run.overrides, f"train.seed={run.seed}"],
                                     int(os.environ.get("WORLD_SIZE", "1")), strategy)
             try:
@@ -373,26 +381,26 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
                                  extra={"sweep": {"overrides": list(run.overrides), "seed": run.seed}}, log=log)
             except (NonFiniteError, ConfigError, TaskDataError) as err:
                 error = " ".join(str(err).split())
-                print(f"{tag}: FAILED: {error}", file=sys.stderr)
+                say(f"{tag}: FAILED: {error}", file=sys.stderr)
                 failed.append({"run": run.stem, "experiment": run.experiment, "overrides": run.overrides,
                                "seed": run.seed, "error": error})
-                if failure is not None:
+                if failure is not None and main:
                     failure.write_text(error + "\n")
                 continue
             except TrainingInterrupted as err:
-                if out is not None and (results or failed):
+                if out is not None and main and (results or failed):
                     _write_summary(out, results, failed, metrics)
                 raise TrainingInterrupted(f"grid stopped in run {i + 1}/{n} ({run.stem}): {err}; the same "
                                           f"command continues the grid (finished runs are skipped, this one "
                                           f"resumes)", err.signum, err.step, err.checkpoint, err.results) from None
             except KeyboardInterrupt:  # before the run's first step (data loading): nothing to save
-                if out is not None and (results or failed):
+                if out is not None and main and (results or failed):
                     _write_summary(out, results, failed, metrics)
                 raise TrainingInterrupted(f"grid stopped before run {i + 1}/{n} ({run.stem}) trained; the same "
                                           f"command continues the grid", int(signal.SIGINT), 0, None,
                                           None) from None
             results.append(res)
-        if out is not None:
+        if out is not None and main:
             rows = _write_summary(out, results, failed, metrics)
         else:
             rows = summarize_runs(results, metrics) if results else []
