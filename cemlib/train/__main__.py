@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, TrainingInterrupted):
             print(f"interrupted: {err}", file=sys.stderr)
             return 128 + err.signum
-        print("interrupted before training started: nothing was trained or saved", file=sys.stderr)
+        print("interrupted outside a training step (loading data, or writing a file): nothing more was "
+              "saved; files already written are intact, and a checkpoint among them can be resumed with "
+              "--resume", file=sys.stderr)
         return 128 + signal.SIGINT
     except FloatingPointError as err:  # NonFiniteError: step, parameter and last_good.pt named
         print(f"error: {_one_line(err)}", file=sys.stderr)
