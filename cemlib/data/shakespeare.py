@@ -57,7 +57,7 @@ def load_text(path: str | Path | None = None, sha256: str | None = _SHIPPED_ONLY
 
     ``path`` may point to a ``.gz`` or a plain UTF-8 text file; by default the shipped copy is
     used. ``sha256``: by default the shipped file is checked against :data:`SHA256` and a file of
-    one's own is not checked; a hex digest checks any file, ``None`` none. Raises
+    one's own is not checked; a SHA-256 given as hex checks any file, ``None`` none. Raises
     :class:`ChecksumError` naming the file and the expected checksum if it does not match, and
     ``ValueError`` for a file that is empty or not (gzipped) UTF-8 text.
     """
