@@ -9,11 +9,18 @@ output (except in cells tagged ``raises-exception``), cells executed once each, 
 one kernel, and no path of this machine in any output. Chapters run with ``CEMLIB_DEVICE=cpu`` and
 the portable CPU numerics of ``book/portable_numerics.py`` (as under nbval), so the committed outputs
 are the CPU reference that nbval compares against on any x86-64 machine.
+
+One notebook that fails (unreadable, a dead kernel, a cell over the timeout, refused by the checks)
+is named with the cause (the cell, where there is one) and the others still run; the exit status
+is then 1. A notebook that cannot be written back keeps its execution: it is written next to it as
+``<name>.executed.ipynb`` (or into the temporary folder) and the line says where. A notebook that
+does not exist is an error before anything runs (status 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -65,19 +72,54 @@ def problems(nb) -> list[str]:
     return out
 
 
+class ExecutionFailed(RuntimeError):
+    """A notebook could not be executed; the message names the cell where there is one."""
+
+
 def execute(path: Path, timeout: int = 900) -> tuple[object, float]:
-    """Execute ``path`` in a fresh kernel (working directory: the notebook's folder)."""
+    """Execute ``path`` in a fresh kernel (working directory: the notebook's folder). Raises
+    :class:`ExecutionFailed` naming the cell when the kernel dies or a cell runs out of time."""
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
     os.environ["CEMLIB_DEVICE"] = "cpu"
     portable_numerics.apply()
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    current = {"cell": None}
+
+    def on_cell_start(cell, cell_index, **kwargs):
+        current["cell"] = cell_index
+
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}}, on_cell_start=on_cell_start)
     t0 = time.perf_counter()
-    client.execute()
+    try:
+        client.execute()
+    except DeadKernelError:
+        raise ExecutionFailed(f"the kernel died while executing cell {current['cell']}") from None
+    except CellTimeoutError:
+        raise ExecutionFailed(f"cell {current['cell']} ran longer than the {timeout} s timeout "
+                              f"(--timeout)") from None
     return nb, time.perf_counter() - t0
+
+
+def write_back(nb, path: Path) -> Path:
+    """Write the executed ``nb`` to ``path``; if that fails, next to it as ``<name>.executed.ipynb``
+    or into the temporary folder, so the execution is not lost. Returns where it went."""
+    last = None
+    for target in (path, path.with_name(path.stem + ".executed.ipynb"),
+                   Path(tempfile.gettempdir()) / (path.stem + ".executed.ipynb")):
+        try:
+            nbformat.write(nb, target)
+            return target
+        except OSError as err:
+            last = err
+    raise ExecutionFailed(f"the executed notebook could not be written anywhere ({last})")
+
+
+def _read_error(err: Exception) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 def main(argv=None) -> int:
@@ -86,23 +128,57 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="check committed notebooks, execute nothing")
     ap.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
     args = ap.parse_args(argv)
-    paths = [p.resolve() for p in args.notebooks] or chapters_from_toc()
-    failed = False
+    try:
+        paths = [p.resolve() for p in args.notebooks] or chapters_from_toc()
+    except OSError as err:
+        print(f"error: cannot list the chapters ({_read_error(err)})", file=sys.stderr)
+        return 2
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    failed = []
     for path in paths:
         name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
-        if args.check:
-            nb, secs = nbformat.read(path, as_version=4), None
-        else:
-            nb, secs = execute(path, args.timeout)
+        try:
+            if args.check:
+                nb, secs = nbformat.read(path, as_version=4), None
+            else:
+                nb, secs = execute(path, args.timeout)
+        except ExecutionFailed as err:
+            failed.append(name)
+            print(f"FAILED {name}: {err}")
+            continue
+        except (OSError, ValueError, json.JSONDecodeError, nbformat.ValidationError) as err:
+            failed.append(name)  # not a readable notebook (nbformat raises ValueError subclasses)
+            print(f"FAILED {name}: cannot read it ({_read_error(err)})")
+            continue
+        except Exception as err:  # noqa: BLE001 -- one notebook's failure must not stop the rest
+            failed.append(name)
+            print(f"FAILED {name}: {_read_error(err)}")
+            continue
         bad = problems(nb)
         if bad:
-            failed = True
+            failed.append(name)
             print(f"REFUSED {name}:" + "".join(f"\n  - {b}" for b in bad))
             continue
+        timing = f" ({secs:.1f} s)" if secs is not None else ""
         if not args.check:
-            nbformat.write(nb, path)
-        print(f"ok {name}" + (f" ({secs:.1f} s)" if secs is not None else ""))
-    return 1 if failed else 0
+            try:
+                target = write_back(nb, path)
+            except ExecutionFailed as err:
+                failed.append(name)
+                print(f"FAILED {name}{timing}: {err}")
+                continue
+            if target != path:
+                failed.append(name)
+                print(f"NOT WRITTEN {name}{timing}: it cannot be written back; the executed notebook is in {target}")
+                continue
+        print(f"ok {name}{timing}")
+    if failed:
+        print(f"{len(failed)} of {len(paths)} notebook(s) failed: {', '.join(map(str, failed))}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

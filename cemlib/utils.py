@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 __all__ = ["seed_everything", "default_device", "check_tensor", "finite_check_is_free",
-           "check_positive_int", "resolve_head_dim", "split_heads", "merge_heads"]
+           "check_positive_int", "check_token_ids", "resolve_head_dim", "split_heads", "merge_heads"]
 
 
 def seed_everything(seed: int = 0, deterministic: bool = False) -> torch.Generator:
@@ -66,6 +66,19 @@ def finite_check_is_free(x: torch.Tensor) -> bool:
     with ``check_finite`` check only where it is free; elsewhere the trainer's per-step check of
     the loss and gradient norm (one synchronisation it makes anyway) catches NaN/Inf."""
     return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_token_ids(idx: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Raise ``ValueError`` naming the range unless every id of the integer tensor ``idx`` lies in
+    ``[0, vocab_size)`` (an embedding lookup would fail with an index error, or on CUDA a device
+    assert, far from the cause). Skipped while ``torch.compile`` traces (it would break the graph)."""
+    if torch.compiler.is_compiling():
+        return idx
+    if idx.is_floating_point() or idx.is_complex():
+        raise ValueError(f"token ids must be an integer tensor, got {idx.dtype}")
+    if idx.numel() and (idx.min() < 0 or idx.max() >= vocab_size):
+        raise ValueError(f"token ids must be in [0, {vocab_size}), got range [{int(idx.min())}, {int(idx.max())}]")
+    return idx
 
 
 def check_positive_int(value, name: str) -> int:

@@ -187,9 +187,40 @@ def test_corrupted_file_gives_a_clear_error(tmp_path):
     raw[len(raw) // 2] ^= 0xFF
     bad.write_bytes(bytes(raw))
     with pytest.raises(ChecksumError, match=rf"sudoku_hard\.npz.*expected {SUDOKU_SHA256}"):
+        load_sudoku(bad, sha256=SUDOKU_SHA256)  # a copy is checked when asked to
+    with pytest.raises(ValueError, match="sudoku_hard.npz"):  # and found broken without the checksum
         load_sudoku(bad)
     bad.write_bytes(bytes(raw[:1000]))  # truncated
     with pytest.raises(ChecksumError, match="sudoku_hard.npz"):
+        load_sudoku(bad, sha256=SUDOKU_SHA256)
+    with pytest.raises(ValueError, match="sudoku_hard.npz is not a .npz file"):
         load_sudoku(bad)
     with pytest.raises(FileNotFoundError, match="missing.npz"):
         load_sudoku(tmp_path / "missing.npz")
+
+
+def test_a_set_of_ones_own_is_read_and_checked(tmp_path, shipped):
+    """Issue 36.10: a user's own ``.npz`` (in the shipped layout or as plain boards) was refused as
+    "corrupted"; it is now read, without the shipped checksum, and checked for valid grids."""
+    own = tmp_path / "own.npz"
+    tr, te = shipped.train, shipped.test
+    np.savez(own, train_puzzle=tr.puzzle[:30].numpy(), train_solution=tr.solution[:30].numpy(),
+             test_puzzle=te.puzzle[:7].numpy(), test_solution=te.solution[:7].numpy())
+    s = load_sudoku(own)
+    assert len(s.train) == 30 and len(s.test) == 7 and torch.equal(s.test.solution, te.solution[:7])
+    nib, bits = pack_boards(tr.puzzle[:5].numpy(), tr.solution[:5].numpy())
+    nib_t, bits_t = pack_boards(te.puzzle[:3].numpy(), te.solution[:3].numpy())
+    np.savez(tmp_path / "packed.npz", train_solution=nib, train_givens=bits, test_solution=nib_t,
+             test_givens=bits_t)
+    assert torch.equal(load_sudoku(tmp_path / "packed.npz").train.puzzle, tr.puzzle[:5])
+    broken = tr.solution[:30].numpy().copy()
+    broken[4, :2] = broken[4, 1::-1]  # two cells swapped: a row still holds 1..9, a column does not
+    np.savez(tmp_path / "bad.npz", train_puzzle=np.zeros_like(broken), train_solution=broken,
+             test_puzzle=te.puzzle[:7].numpy(), test_solution=te.solution[:7].numpy())
+    with pytest.raises(ValueError, match=r"bad.npz, train split: solution 4 is not a valid grid \(a column"):
+        load_sudoku(tmp_path / "bad.npz")
+    np.savez(tmp_path / "nosplit.npz", train_puzzle=tr.puzzle[:3].numpy())
+    with pytest.raises(ValueError, match="no train split"):
+        load_sudoku(tmp_path / "nosplit.npz")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        load_sudoku(tmp_path)

@@ -1,4 +1,6 @@
-"""DDP and FSDP under torchrun: 2 CPU processes (gloo) match one process with the same global batch."""
+"""DDP and FSDP under torchrun: 2 CPU processes (gloo) match one process with the same config (the
+same global batch and gradient accumulation): weights, and the periodic evaluations, which use the
+same sample (issue 35.12: they used to evaluate other windows under torchrun)."""
 
 import os
 import runpy
@@ -56,7 +58,8 @@ WORKER = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """One process, global batch 8 as 4 micro-batches of 2 (the DDP runs: 2 x 2 per process)."""
+    """One process, global batch 8 as 4 micro-batches of 2 (the DDP runs, with the same config:
+    4 micro-batches of 1 per process)."""
     tmp = tmp_path_factory.mktemp("single")
     script = tmp / "worker.py"
     script.write_text(WORKER)
@@ -64,10 +67,10 @@ def single(tmp_path_factory):
     return script, res, trainer.raw_model.state_dict()
 
 
-def torchrun(script, out, strategy):
+def torchrun(script, out, strategy, grad_accum):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(out), "2", strategy]
+           str(script), str(out), str(grad_accum), strategy]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return (torch.load(out / "weights.pt", weights_only=True),
@@ -77,7 +80,7 @@ def torchrun(script, out, strategy):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_cpu_processes_match_single_process(single, tmp_path, strategy):
     script, res_single, w_single = single
-    weights, ckpt = torchrun(script, tmp_path / strategy, strategy)
+    weights, ckpt = torchrun(script, tmp_path / strategy, strategy, grad_accum=4)
     assert ckpt["world_size"] == 2 and len(ckpt["rng"]) == 2
     assert list(weights) == list(w_single)
     for name, w in w_single.items():

@@ -163,21 +163,29 @@ def test_bad_input_is_rejected_clearly():
         make_task(get_config("digits-hyperset", "cpu", ["data.name=cifar10"]))
 
 
-def test_cifar10_binary_reader(tmp_path):
-    """The opt-in CIFAR-10 reader on a fake binary distribution (3 images per file)."""
+def _fake_cifar10(folder, n=3, seed=0):
     import numpy as np
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
-        rec = np.concatenate([rng.integers(0, 10, (3, 1)), rng.integers(0, 256, (3, 3072))], 1)
-        rec.astype(np.uint8).tofile(tmp_path / name)
-    data = load_cifar10(tmp_path)
+        rec = np.concatenate([rng.integers(0, 10, (n, 1)), rng.integers(0, 256, (n, 3072))], 1)
+        rec.astype(np.uint8).tofile(folder / name)
+
+
+def test_cifar10_binary_reader(tmp_path, monkeypatch):
+    """The opt-in CIFAR-10 reader on a fake binary distribution (3 images per file, where the real
+    one has 10,000: the reader is told so)."""
+    import cemlib.train.task_data as td
+    _fake_cifar10(tmp_path)
+    data = load_cifar10(tmp_path, records_per_file=3)
     assert data["train"][0].shape == (15, 3, 32, 32) and data["test"][1].shape == (3,)
+    monkeypatch.setattr(td, "CIFAR10_RECORDS", 3)
     task = make_task(get_config("digits-hyperset", "cpu", ["data.name=cifar10", f"data.path={tmp_path}",
                                                           "task.val_fraction=0.2"]))
     assert task.info["n_positions"] == 64 and task.info["patch_dim"] == 48
+    assert task.info["data_source"].endswith("read 15 train and 3 test images; 12 train / 3 val / 3 test used")
     (tmp_path / "test_batch.bin").write_bytes(b"\x00" * 100)
     with pytest.raises(TaskDataError, match="not a CIFAR-10 binary batch"):
-        load_cifar10(tmp_path)
+        load_cifar10(tmp_path, records_per_file=3)
     with pytest.raises(FileNotFoundError, match="never downloads"):
         load_cifar10(tmp_path / "absent")
 

@@ -30,6 +30,7 @@ The draw uses the Cholesky factor of ``K + jitter I`` (``jitter = 1e-8``, raised
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -184,8 +185,14 @@ def make_gp_regression(kernel: str = "rbf", n_train: int = 1000, n_test: int = 2
     """Train/test data from one GP draw, deterministic in ``seed`` (see the module docstring)."""
     n_train, n_test = check_positive_int(n_train, "n_train"), check_positive_int(n_test, "n_test")
     d = check_positive_int(d, "d")
-    if noise_std < 0:
-        raise ValueError(f"noise_std must be non-negative, got {noise_std}")
+    if not (isinstance(noise_std, (int, float)) and math.isfinite(noise_std) and noise_std >= 0):
+        raise ValueError(f"noise_std must be a non-negative finite number, got {noise_std}")
+    if lengthscale is not None and not (isinstance(lengthscale, (int, float)) and math.isfinite(lengthscale)
+                                        and lengthscale > 0):
+        raise ValueError(f"lengthscale must be a positive finite number (or None: sqrt(d)), got {lengthscale}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
     _kernel(kernel, 1.0, nu, period, alpha)  # validate the name early
     ell = math.sqrt(d) if lengthscale is None else float(lengthscale)
     g = torch.Generator().manual_seed(int(seed))

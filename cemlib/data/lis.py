@@ -27,6 +27,7 @@ length) and ``answer`` int64 ``(N,)``. ``dataset[i]`` is ``(tokens[i, :-1], targ
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,7 +130,10 @@ def make_lis(L: int = 10, n_train: int = 51_200, n_test: int = 5_120, seed: int 
     if L < 3:
         raise ValueError(f"L must be at least 3 (3..L planted elements), got {L}")
     n_train, n_test = check_positive_int(n_train, "n_train"), check_positive_int(n_test, "n_test")
-    vocab, rng = LISVocab(L), np.random.default_rng([int(seed), L, int(cot)])
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    vocab, rng = LISVocab(L), np.random.default_rng([seed, L, int(cot)])
     splits: list[dict[tuple[int, ...], None]] = [{}, {}]  # insertion-ordered sets
     for split, n in zip(splits, (n_train, n_test)):
         tries = 0

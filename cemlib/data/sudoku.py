@@ -19,15 +19,19 @@ beyond singles.
 *Shipped set.* :func:`load_sudoku` reads ``files/sudoku_hard.npz`` (made by
 ``cemlib/data/make_sudoku.py``, never run by the tests), checks its SHA-256 and returns
 :class:`SudokuDataset` splits. Layout: ``puzzle`` int64 ``(N, 81)`` with 0 = blank, ``solution``
-int64 ``(N, 81)`` with digits 1..9. For a model, :meth:`SudokuDataset.__getitem__` gives
+int64 ``(N, 81)`` with digits 1..9. A ``.npz`` of one's own is read too (no checksum: it is not the
+shipped file), in either of two layouts: the shipped one (:func:`pack_boards`: arrays
+``train_solution``, ``train_givens``, ``test_solution``, ``test_givens``) or plain boards
+(``train_puzzle``, ``train_solution``, ``test_puzzle``, ``test_solution``, integers ``(N, 81)``);
+it must hold complete valid grids whose givens agree with them (:func:`check_boards`). For a model, :meth:`SudokuDataset.__getitem__` gives
 ``(puzzle, solution - 1)``: input tokens 0..9 (vocabulary of 10, 0 = blank) and class targets 0..8.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import random
+import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -36,10 +40,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cemlib.data.shakespeare import ChecksumError
+from cemlib.data.shakespeare import verify_sha256
 from cemlib.utils import check_positive_int
 
-__all__ = ["SUDOKU_SHA256", "count_solutions", "solve", "is_valid_solution", "solved_by_singles",
+__all__ = ["SUDOKU_SHA256", "check_boards", "count_solutions", "solve", "is_valid_solution", "solved_by_singles",
            "random_solution", "generate_puzzle", "candidate_puzzle", "generate_puzzles",
            "SudokuDataset", "SudokuSplits", "load_sudoku", "pack_boards", "unpack_boards"]
 
@@ -335,24 +339,78 @@ def _default_path() -> Path:
     return Path(str(resources.files("cemlib.data") / "files" / _FILE))
 
 
-def load_sudoku(path: str | Path | None = None, sha256: str = SUDOKU_SHA256) -> SudokuSplits:
-    """The shipped hard set (see ``make_sudoku.py``), after checking the file's SHA-256.
+def check_boards(puzzle: np.ndarray, solution: np.ndarray, name: str = "boards") -> None:
+    """Raise ``ValueError`` naming the first problem unless ``solution`` holds complete valid grids
+    (every row, column and box a permutation of 1..9) and ``puzzle`` (0 = blank) agrees with them;
+    both integer ``(N, 81)``, ``N >= 1``."""
+    puzzle, solution = np.asarray(puzzle), np.asarray(solution)
+    if puzzle.ndim != 2 or puzzle.shape != solution.shape or puzzle.shape[1:] != (81,) or not len(puzzle):
+        raise ValueError(f"{name}: puzzle and solution must both be (N, 81) with N >= 1, got "
+                         f"{puzzle.shape} and {solution.shape}")
+    if puzzle.dtype.kind not in "iu" or solution.dtype.kind not in "iu":
+        raise ValueError(f"{name}: boards must be integers, got {puzzle.dtype} and {solution.dtype}")
+    if puzzle.min() < 0 or puzzle.max() > 9:
+        raise ValueError(f"{name}: puzzle cells must be 0..9 (0 = blank)")
+    if solution.min() < 1 or solution.max() > 9:
+        raise ValueError(f"{name}: solution cells must be digits 1..9")
+    wrong = np.nonzero(((puzzle != 0) & (puzzle != solution)).any(1))[0]
+    if len(wrong):
+        raise ValueError(f"{name}: board {wrong[0]} has givens that disagree with its solution")
+    g = solution.reshape(-1, 9, 9)
+    units = (g, g.transpose(0, 2, 1), g.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(-1, 9, 9))
+    digits = np.arange(1, 10)
+    for what, u in zip(("a row", "a column", "a box"), units):
+        bad = np.nonzero(~(np.sort(u, axis=2) == digits).all((1, 2)))[0]
+        if len(bad):
+            raise ValueError(f"{name}: solution {bad[0]} is not a valid grid ({what} repeats a digit)")
+
+
+def _read_split(z, split: str, fname: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = set(z.files)
+    if {f"{split}_solution", f"{split}_givens"} <= keys:
+        return unpack_boards(z[f"{split}_solution"], z[f"{split}_givens"])
+    if {f"{split}_puzzle", f"{split}_solution"} <= keys:
+        return z[f"{split}_puzzle"], z[f"{split}_solution"]
+    raise ValueError(f"{fname} has no {split} split: expected the arrays {split}_puzzle and "
+                     f"{split}_solution (or the shipped {split}_solution and {split}_givens); "
+                     f"found {sorted(keys)}")
+
+
+def load_sudoku(path: str | Path | None = None, sha256: str | None = "shipped file only") -> SudokuSplits:
+    """The shipped hard set (see ``make_sudoku.py``) after checking the file's SHA-256, or the
+    ``.npz`` at ``path`` (see the module docstring for its layouts; checked with
+    :func:`check_boards`, not against the shipped checksum unless ``sha256`` is given).
 
     Raises :class:`~cemlib.data.shakespeare.ChecksumError` naming the file and the expected
-    checksum if the bytes do not match.
+    checksum if the bytes do not match, and ``ValueError`` for a file of one's own that is not a
+    complete Sudoku set.
     """
     p = Path(path) if path is not None else _default_path()
+    shipped = path is None or (p.exists() and p.resolve() == _default_path().resolve())
+    if sha256 == "shipped file only":
+        sha256 = SUDOKU_SHA256 if shipped else None
+    if p.is_dir():
+        raise IsADirectoryError(f"Sudoku path {p} is a folder; give the .npz file itself")
     if not p.exists():
         raise FileNotFoundError(f"Sudoku file not found: {p.name}")
     raw = p.read_bytes()
-    got = hashlib.sha256(raw).hexdigest()
-    if got != sha256:
-        raise ChecksumError(f"{p.name}: SHA-256 {got} does not match the expected {sha256} "
-                            f"({len(raw)} bytes); the file is corrupted or truncated")
-    with np.load(io.BytesIO(raw)) as z:
+    if sha256 is not None:
+        verify_sha256(p, raw, sha256)
+    try:
+        z = np.load(io.BytesIO(raw), allow_pickle=False)
+    except Exception as err:  # noqa: BLE001 -- numpy raises several kinds for a foreign file
+        raise ValueError(f"{p.name} is not a .npz file ({type(err).__name__}: {err})") from None
+    if not hasattr(z, "files"):
+        raise ValueError(f"{p.name} holds one array, not the .npz of a Sudoku set")
+    with z:
         splits = {}
         for name in ("train", "test"):
-            puzzle, solution = unpack_boards(z[f"{name}_solution"], z[f"{name}_givens"])
-            splits[name] = SudokuDataset(torch.from_numpy(puzzle).long(),
-                                         torch.from_numpy(solution).long())
+            try:
+                puzzle, solution = _read_split(z, name, p.name)
+            except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+                raise ValueError(f"{p.name}: the {name} split cannot be read ({err})") from None
+            if sha256 is None:  # not verified by a checksum: check what it holds
+                check_boards(puzzle, solution, f"{p.name}, {name} split")
+            splits[name] = SudokuDataset(torch.from_numpy(np.asarray(puzzle)).long(),
+                                         torch.from_numpy(np.asarray(solution)).long())
     return SudokuSplits(**splits)

@@ -51,6 +51,7 @@ import contextlib
 import importlib.util
 import math
 import os
+import sys
 
 import torch
 
@@ -116,6 +117,14 @@ def _use_triton(x: torch.Tensor, supported: bool) -> bool:
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"kernel backend {backend!r} was forced for tensors on {x.device}; "
                            "on CPU set TRITON_INTERPRET=1 before triton is first imported")
+    if not x.is_cuda:
+        late = [name for name in ("cemlib.kernels.tied_attention_triton", "cemlib.kernels.gated_mlp_triton")
+                if name in sys.modules and not getattr(sys.modules[name], "INTERPRET", True)]
+        if late:
+            raise RuntimeError(f"kernel backend 'triton' on {x.device} tensors runs in Triton's interpreter, but "
+                               f"{late[0]} was imported before TRITON_INTERPRET=1 was set (Triton reads it "
+                               f"when a kernel is first imported); set TRITON_INTERPRET=1 in the environment "
+                               f"before Python starts")
     return True
 
 

@@ -9,6 +9,10 @@
 
 These are not energy layers (their attention is untied and their MLP is not a gradient); they
 exist so that NRGPT can be compared with them at equal parameter count.
+
+Biases: with ``bias=True`` (the default, as in nanoGPT) the attention's
+fused ``qkv`` projection has 3D biases and its output projection D, and the MLP's two layers M and
+D; eq. (9) writes the attention without them. ``bias=False`` gives the bias-free form.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ __all__ = ["CausalSelfAttention", "MLP", "GPTBlock", "ParallelGPTBlock", "Recurr
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal softmax attention, eq. (9): ``sum_h W^P_h^T V_h SM(K_h^T Q_Ah)``, scale
-    ``1/sqrt(D/H)``, self-inclusive causal mask.
+    ``1/sqrt(D/H)``, self-inclusive causal mask. With ``bias=True`` (default) the q/k/v projection
+    (``qkv``, one Linear) and the output projection (``proj``) have biases, which eq. (9) does not.
 
     ``forward(x)`` takes the normalised stream (B, L, D) and returns only the attention output
     (B, L, D), the residual branch: ``x = x + attn(ln(x))`` in a pre-norm block (:class:`GPTBlock`).

@@ -182,11 +182,12 @@ class NRGPTBlock(EnergyLayer):
         self.b2 = nn.Parameter(torch.zeros(b2_dim)) if (b2_dim and ff_bias) else None
         self.ff_scale = nn.Parameter(torch.ones(())) if learn_ff_scale else None
         # inference rate eta
+        self._rate_scale = float(rate_scale)
         if rate == "gamma":
             log_c = torch.tensor(math.log(rate_scale))
             if learn_rate_scale:
                 self.log_c = nn.Parameter(log_c)
-            else:
+            else:  # kept for checkpoints; rate_matrix uses the exact c in the block's dtype
                 self.register_buffer("log_c", log_c)
         elif rate == "matrix":
             self.eta = nn.Parameter(rate_scale * torch.eye(D) if rate_init == "identity"
@@ -219,10 +220,13 @@ class NRGPTBlock(EnergyLayer):
 
     # ------------------------------------------------------------------ inference rate
     def rate_matrix(self) -> torch.Tensor:
-        """``eta`` as a ``D x D`` matrix (acts on column vectors: ``dx_A = -eta v_A``)."""
+        """``eta`` as a ``D x D`` matrix (acts on column vectors: ``dx_A = -eta v_A``). A frozen
+        scale (``learn_rate_scale=False``) is ``rate_scale`` itself in the block's dtype, not the
+        exponential of a logarithm rounded to float32 (3e-8 off in a float64 block)."""
         if self.rate == "gamma":
             gamma = self.gain if self.gain is not None else self.J.new_ones(self.d_model)
-            return torch.exp(self.log_c) * torch.diag(gamma)
+            c = torch.exp(self.log_c) if isinstance(self.log_c, nn.Parameter) else gamma.new_tensor(self._rate_scale)
+            return c * torch.diag(gamma)
         if self.rate == "matrix":
             return self.eta
         return self.U.T @ self.U + self.V - self.V.T

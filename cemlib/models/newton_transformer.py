@@ -28,7 +28,7 @@ from cemlib.layers.gpt import MLP, CausalSelfAttention
 from cemlib.layers.newton import MHA2nd1st
 from cemlib.models.generation import GenerationMixin
 from cemlib.models.hyperset import sinusoidal_positions
-from cemlib.utils import check_positive_int
+from cemlib.utils import check_positive_int, check_token_ids
 
 __all__ = ["NewtonTransformer", "ATTENTIONS", "causal_mha2nd1st_update"]
 
@@ -140,6 +140,7 @@ class NewtonTransformer(GenerationMixin, nn.Module):
         """Token embeddings plus sinusoidal positions, then dropout: the first block's input."""
         if idx.dim() != 2 or idx.shape[1] > self.block_size:
             raise ValueError(f"idx must be (B, L) with L <= {self.block_size}, got {tuple(idx.shape)}")
+        check_token_ids(idx, self.emb.num_embeddings)
         return self.drop(self.emb(idx) + self.pos[: idx.shape[1]].to(self.emb.weight.dtype))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

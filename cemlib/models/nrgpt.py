@@ -5,7 +5,9 @@ All three share the GPT-2 wrapper: learned token + position embeddings (``x^(0)`
 LayerNorm and an output head, with ``forward(idx: LongTensor[B, L]) -> logits [B, L, n_outputs]``
 (``n_outputs`` defaults to the vocabulary size; a classifier reads the logits it needs) and
 ``num_parameters()``. The output head is untied by default, which is what reproduces the paper's
-85M / 90M counts of Tables 1-2 (tied: ``tie_embeddings=True``, as in Table 5).
+85M / 90M counts of Tables 1-2 (tied: ``tie_embeddings=True``, as in Table 5). The baselines'
+blocks (:class:`RecurrentGPTModel`, :class:`GPTModel`) keep biases on the attention's q/k/v and
+output projections and on the MLP (:mod:`cemlib.layers.gpt`), as nanoGPT does; eq. (9) has none.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The training engine every chapter uses (``python -m cemlib.train``).
 
 - :func:`run_experiment` -- the one call chapters make: a named experiment and preset (``cpu``: about
-  a minute on 2 cores; ``gpu``: the mid-size model) -> a results dictionary;
+  a minute on 2 cores; ``gpu``: the mid-size model) -> a results dictionary; :func:`run_config`
+  trains any validated config (a ``--config`` file, a checkpoint's);
 - :class:`Trainer` -- trains a model on a :class:`~cemlib.train.tasks.Task` (language modelling,
   answer prediction, regression, per-position and per-example classification; the datasets are
   named in :data:`~cemlib.train.task_data.TASKS`): AdamW, cosine schedule with warm-up, clipping,
@@ -11,16 +12,19 @@
 - :mod:`~cemlib.train.results` -- results JSON (config, curves, device, versions, commit, command),
   loader and plot helper; :mod:`~cemlib.train.sweep` -- learning-rate sweeps with Akima
   interpolation of the optimum (CEM Fig. 3a/5) and grids of experiments x overrides x seeds with
-  a mean ± std summary (:func:`grid_sweep`).
+  a mean ± std summary (:func:`grid_sweep`); :mod:`~cemlib.train.runs` -- run identity (a hash of
+  the resolved config), run folders that never mix two runs, one writer per folder.
 """
 
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from cemlib.train.config import ConfigError, DataConfig, ExperimentConfig, OptimConfig, TrainConfig
 from cemlib.train.data import TokenBatches
 from cemlib.train.distributed import DistInfo, init_distributed
-from cemlib.train.experiments import EXPERIMENTS, Experiment, build, get_config, register, run_experiment
+from cemlib.train.experiments import (EXPERIMENTS, Experiment, build, get_config, register, run_config,
+                                      run_experiment)
 from cemlib.train.flops import measure_peak_flops, mfu, stated_peak_tflops
 from cemlib.train.results import load_results, plot_curves, save_results
+from cemlib.train.runs import RunFolderError, run_id
 from cemlib.train.sweep import (CEM_LR_GRID, akima_optimum, grid_sweep, lr_sweep, plot_sweep, summarize_runs,
                                 sweep_experiment)
 from cemlib.train.task_data import TASKS, make_task
@@ -28,7 +32,7 @@ from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, 
                                 Task, TaskDataError, TokenClassificationTask)
 from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted, lm_loss
 
-__all__ = ["run_experiment", "get_config", "build", "register", "Experiment", "EXPERIMENTS",
+__all__ = ["run_experiment", "run_config", "RunFolderError", "run_id", "get_config", "build", "register", "Experiment", "EXPERIMENTS",
            "ExperimentConfig", "OptimConfig", "TrainConfig", "DataConfig", "ConfigError", "Trainer",
            "NonFiniteError", "TrainingInterrupted", "lm_loss", "TokenBatches", "CheckpointError", "load_checkpoint",
            "save_checkpoint", "load_results", "save_results", "plot_curves", "akima_optimum", "lr_sweep",

@@ -2,7 +2,8 @@
 
 Everything stored is a tensor, a number, a string or a container of those, so the file loads with
 ``torch.load(weights_only=True)`` (no arbitrary pickled code). Files are written to a temporary
-name and renamed, so a crash never leaves a half-written checkpoint under the final name; a
+name unique to the writer (``.<name>.<pid>.<random>.tmp``) and renamed, so a crash never leaves a
+half-written checkpoint under the final name and two writers never share a temporary file; a
 full disk (or another write error) removes the temporary file, names the file and the cause ("no
 space left on device") and leaves the previous checkpoint intact. Every checkpoint stores a
 SHA-256 checksum of its contents (tensors included), verified on load, so a flipped bit is found.
@@ -17,6 +18,8 @@ import hashlib
 import io
 import os
 import random
+import re
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ import torch
 
 __all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "rng_state",
            "set_rng_state", "check_model_state", "config_differences", "payload_checksum",
-           "atomic_write_bytes", "remove_stale_tmp"]
+           "atomic_write_bytes", "remove_stale_tmp", "tmp_name"]
 
 FORMAT = "cemlib.train.checkpoint/1"
 _REQUIRED = ("format", "step", "model", "optimizer", "scheduler", "rng", "data", "config")
@@ -87,11 +90,36 @@ def payload_checksum(payload: dict) -> str:
     return h.hexdigest()
 
 
+_TMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+
+
+def tmp_name(path: Path) -> Path:
+    """The temporary file :func:`atomic_write_bytes` writes before renaming it to ``path``: hidden,
+    and unique to this process and call (``.<name>.<pid>.<8 random hex digits>.tmp``)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
 def remove_stale_tmp(folder: str | Path) -> list[Path]:
-    """Delete the ``*.pt.tmp`` / ``*.json.tmp`` files an interrupted write left in ``folder``."""
+    """Delete the temporary files an interrupted write left in ``folder``: those of writers that
+    no longer run (the pid in the name), and the ``*.pt.tmp`` / ``*.json.tmp`` of older versions."""
     folder, removed = Path(folder), []
     if folder.is_dir():
-        for tmp in sorted(list(folder.glob("*.pt.tmp")) + list(folder.glob("*.json.tmp"))):
+        stale = list(folder.glob("*.pt.tmp")) + list(folder.glob("*.json.tmp"))
+        for tmp in folder.glob(".*.tmp"):
+            m = _TMP.match(tmp.name)
+            if m and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
+                stale.append(tmp)
+        for tmp in sorted(set(stale)):
             try:
                 tmp.unlink()
                 removed.append(tmp)
@@ -117,7 +145,7 @@ def atomic_write_bytes(path: str | Path, data, what: str = "file") -> Path:
     """Write ``data`` to ``path.tmp`` and rename it to ``path``. On failure the temporary file is
     removed, any previous ``path`` stays as it was, and the error names the file and the cause."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = tmp_name(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_file(tmp, data)

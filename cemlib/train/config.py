@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 __all__ = ["OptimConfig", "TrainConfig", "DataConfig", "ExperimentConfig", "ConfigError",
-           "micro_batch_size", "apply_overrides", "resolve_precision", "PRECISIONS"]
+           "micro_batch_size", "apply_overrides", "resolve_precision", "PRECISIONS", "format_value"]
 
 
 class ConfigError(ValueError):
@@ -220,6 +220,27 @@ def _parse_value(text: str):
             return conv(text)
         except ValueError:
             pass
+    return text
+
+
+def format_value(value, name: str = "value") -> str:
+    """``value`` as the text of a ``--set name=TEXT`` override that reads back as ``value``
+    (``none``, ``true``/``false``, a number, or a string that does not read as one of those)."""
+    if value is None:
+        text = "none"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (int, float)):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise ConfigError(f"{name}={value!r} cannot be given as --set {name}=VALUE (numbers, strings, "
+                          f"true/false and none only)")
+    back = _parse_value(text.strip())
+    if not (back == value and type(back) is type(value)):
+        raise ConfigError(f"{name}={value!r} cannot be given as --set {name}=VALUE: {text!r} reads back "
+                          f"as {back!r}")
     return text
 
 

@@ -15,7 +15,37 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["DistInfo", "init_distributed", "wrap_model", "unwrap_model", "all_reduce_mean",
-           "shutdown_distributed"]
+           "shutdown_distributed", "resolve_device"]
+
+
+def resolve_device(name: str | torch.device | None = None) -> torch.device:
+    """The device a run uses: ``name`` (``train.device``), else ``$CEMLIB_DEVICE``, else CUDA when
+    available, else the CPU. A device this machine does not have raises
+    :class:`~cemlib.train.config.ConfigError` in one line (not torch's traceback)."""
+    from cemlib.train.config import ConfigError
+    source = "train.device"
+    if name is None and os.environ.get("CEMLIB_DEVICE"):
+        name, source = os.environ["CEMLIB_DEVICE"], "CEMLIB_DEVICE"
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"{source}={str(name)!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+            raise ConfigError(f"{source}={str(name)!r} but CUDA is not available here ({why}); use "
+                              f"--device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"{source}={str(name)!r} but only {torch.cuda.device_count()} GPU(s) are "
+                              f"visible")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"{source}={str(name)!r} but MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise ConfigError(f"{source}={str(name)!r}: cemlib trains on cpu, cuda or mps")
+    return dev
 
 
 @dataclass(frozen=True)

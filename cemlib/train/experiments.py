@@ -6,7 +6,11 @@ length -> ``nn.Module``) and named presets (:class:`~cemlib.train.config.Experim
 Chapters may :func:`register` their own experiments. Every built-in preset writes a periodic
 checkpoint (``train.checkpoint_interval``: about a fifth of the run, a multiple of the evaluation
 interval) when it has an output folder; ``model.*`` fields are checked against the model's
-options in :func:`get_config`, before any data loads.
+options, and the data side (``data.*``, ``task.*``) by
+:func:`~cemlib.train.task_data.check_data_config`, in :func:`get_config`, before any data loads.
+:func:`run_config` trains a config (from :func:`get_config`, a ``--config`` file or a checkpoint)
+into an output folder that holds this run only (:func:`~cemlib.train.runs.check_run_folder`);
+:func:`preset_overrides` turns a config back into ``--set`` overrides of its preset.
 
 Registered here: character-level tiny Shakespeare with the Llama baseline (``shakespeare-llama``)
 and full CEM, attention and MLP both replaced (``shakespeare-cem``), both from
@@ -37,13 +41,14 @@ from typing import Callable
 from torch import nn
 
 from cemlib.train.config import ConfigError, DataConfig, ExperimentConfig, OptimConfig, TrainConfig, \
-    apply_overrides
-from cemlib.train.task_data import make_task
+    apply_overrides, format_value
+from cemlib.train.task_data import check_data_config, make_task
 from cemlib.train.tasks import Task
 from cemlib.utils import seed_everything
 
 __all__ = ["Experiment", "register", "EXPERIMENTS", "get_config", "load_data", "build", "run_experiment",
-           "reproduce_command", "model_fields", "bench_experiment", "bench_model"]
+           "run_config", "preset_overrides", "reproduce_command", "model_fields", "bench_experiment",
+           "bench_model"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,8 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
                notes: list[str] | None = None) -> ExperimentConfig:
     """The config of ``experiment`` / ``preset`` with ``section.field=value`` overrides.
 
-    Unknown ``model.*`` fields are rejected here (before any data loads). When an override of
+    Unknown ``model.*`` fields, unknown or out-of-range ``task.*`` options and data fields the
+    dataset would ignore are rejected here (before any data loads). When an override of
     ``train.max_steps`` leaves the preset's ``optim.warmup_steps`` no smaller than it (and the
     warm-up is not overridden too), the warm-up is clamped to ``max_steps - 1``; the sentence
     saying so is appended to ``notes`` (if given)."""
@@ -113,7 +119,8 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
     if preset not in presets:
         raise ConfigError(f"unknown preset {preset!r} for experiment {experiment!r}; "
                           f"known: {', '.join(sorted(presets))}")
-    cfg = ExperimentConfig.from_dict(presets[preset].to_dict())  # a copy: presets stay untouched
+    base = presets[preset]
+    cfg = ExperimentConfig.from_dict(base.to_dict())  # a copy: presets stay untouched
     overrides = list(overrides)
     if overrides:
         w = cfg.optim.warmup_steps
@@ -130,7 +137,28 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
                 overrides = overrides + [f"optim.warmup_steps={clamped}"]
         cfg = apply_overrides(cfg, overrides)
     _check_model_fields(cfg)
+    check_data_config(cfg, base)
     return cfg
+
+
+def preset_overrides(cfg: ExperimentConfig) -> list[str]:
+    """The ``section.field=value`` overrides that turn ``cfg``'s preset into ``cfg`` (so that
+    ``get_config(cfg.experiment, cfg.preset, preset_overrides(cfg)) == cfg``): what a ``--config``
+    file or a checkpoint changed. Raises :class:`ConfigError` for a preset that is not registered
+    or a change ``--set`` cannot express (a removed model field, a string that reads as a number)."""
+    base = get_config(cfg.experiment, cfg.preset).to_dict()
+    d = cfg.to_dict()
+    out = []
+    for section in ("model", "task", "data", "optim", "train"):
+        removed = sorted(set(base[section]) - set(d[section]))
+        if removed:
+            raise ConfigError(f"the config leaves out {section}.{removed[0]}, which the {cfg.preset!r} preset "
+                              f"of {cfg.experiment!r} sets; --set cannot remove a field")
+        for name, value in d[section].items():
+            if name not in base[section] or base[section][name] != value or \
+                    type(base[section][name]) is not type(value):
+                out.append(f"{section}.{name}={format_value(value, f'{section}.{name}')}")
+    return out
 
 
 def load_data(cfg: ExperimentConfig) -> Task:
@@ -152,6 +180,10 @@ def build(cfg: ExperimentConfig, task: Task | None = None) -> tuple[nn.Module, T
         model = EXPERIMENTS[cfg.experiment].build_model(dict(cfg.model), task)
     except ConfigError:
         raise
+    except KeyError as err:  # the model reads something the task does not provide
+        raise ConfigError(f"{cfg.experiment!r} builds its model from {err.args[0]!r}, which the "
+                          f"{cfg.data.name!r} data ({task.kind}) do not provide: data.name={cfg.data.name!r} "
+                          f"does not fit this experiment") from None
     except (TypeError, ValueError) as err:  # a model option out of range: a config error
         raise ConfigError(f"the model options of {cfg.experiment!r} are invalid: {err}") from err
     return model, task
@@ -172,27 +204,87 @@ def reproduce_command(experiment: str, preset: str, overrides=(), world_size: in
 
 def run_experiment(experiment: str, preset: str = "cpu", overrides=(), out_dir=None, *, resume=None,
                    until: int | None = None, verbose: bool = True, strategy: str = "ddp",
-                   started_at: float | None = None, started_from: str = "caller's start time") -> dict:
+                   started_at: float | None = None, started_from: str = "caller's start time",
+                   overwrite: bool = False, log=()) -> dict:
     """Build and train one preset; return its results dictionary (see :mod:`cemlib.train.results`).
 
-    ``out_dir`` is checked (created, written to) before the data load; ``started_at``
-    (``time.time()``, default: this call) is when the run began, for the start-up time in the
-    results (``started_from`` names that moment, e.g. "process start")."""
-    from cemlib.train.trainer import Trainer, prepare_out_dir
+    ``out_dir`` is checked (created, written to, holding no other run) before the data load;
+    ``started_at`` (``time.time()``, default: this call) is when the run began, for the start-up
+    time in the results (``started_from`` names that moment, e.g. "process start"). See
+    :func:`run_config` for ``resume``, ``overwrite`` and ``log``."""
     t0 = time.time() if started_at is None else started_at
     notes: list[str] = []
     cfg = get_config(experiment, preset, overrides, notes)
-    if verbose and int(os.environ.get("RANK", "0")) == 0:
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-    if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
-        prepare_out_dir(out_dir)
-    model, task = build(cfg)
     cmd = reproduce_command(experiment, preset, overrides, int(os.environ.get("WORLD_SIZE", "1")), strategy)
-    trainer = Trainer(model, task, cfg, out_dir=out_dir, command=cmd, strategy=strategy, verbose=verbose,
-                      started_at=t0, notes=notes)
-    trainer.started_from = started_from if started_at is not None else "run_experiment call"
-    return trainer.fit(resume=resume, until=until)
+    return run_config(cfg, out_dir, resume=resume, until=until, verbose=verbose, strategy=strategy,
+                      started_at=t0, started_from=started_from if started_at is not None else "run_experiment call",
+                      command=cmd, notes=notes, overwrite=overwrite, log=log)
+
+
+def _busy_cpu_note(device) -> str | None:
+    """A note when the CPU trains with several threads on a machine busy with other work (a small
+    model then runs many times slower than with one thread); ``None`` otherwise."""
+    import torch
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # pragma: no cover - no load average (Windows)
+        return None
+    if device.type != "cpu" or threads < 2 or load < cores - 0.5:
+        return None
+    return (f"the CPU is busy (load average {load:.1f} on {cores} cores) and torch uses {threads} threads: "
+            f"a small model may train several times faster with --threads 1")
+
+
+def run_config(cfg: ExperimentConfig, out_dir=None, *, resume=None, until: int | None = None,
+               verbose: bool = True, strategy: str = "ddp", started_at: float | None = None,
+               started_from: str = "caller's start time", command: str | None = None, notes=(),
+               overwrite: bool = False, results_path=None, extra: dict | None = None, log=()) -> dict:
+    """Train ``cfg`` (already validated, e.g. by :func:`get_config`) and return its results.
+
+    Before any data loads: the device is checked, ``out_dir`` is created, proved writable and
+    held by this process alone (:func:`~cemlib.train.runs.out_dir_lock`), and must not hold
+    another run (:func:`~cemlib.train.runs.check_run_folder`: when resuming it may hold this one;
+    ``overwrite=True`` deletes an earlier run's files first). ``resume`` is a checkpoint file or a
+    run folder (its newest checkpoint). ``command`` is recorded as the reproduce command (default:
+    ``--set`` overrides of the preset); ``notes`` go into the results; ``results_path``, ``extra``
+    and ``log`` are passed to the :class:`~cemlib.train.trainer.Trainer`."""
+    import contextlib
+    from cemlib.train.distributed import resolve_device
+    from cemlib.train.runs import check_run_folder, out_dir_lock, resolve_checkpoint
+    from cemlib.train.trainer import Trainer, prepare_out_dir
+    t0 = time.time() if started_at is None else started_at
+    main = int(os.environ.get("RANK", "0")) == 0
+    notes = list(notes)
+    if verbose and main:
+        for note in dict.fromkeys(notes):
+            print(f"note: {note}", file=sys.stderr)
+    device = resolve_device(cfg.train.device)
+    if resume is not None:
+        resume = resolve_checkpoint(resume)
+    held = contextlib.nullcontext()
+    if out_dir is not None and main:
+        prepare_out_dir(out_dir)
+        held = out_dir_lock(out_dir)
+    with held:
+        if out_dir is not None and main:
+            removed = check_run_folder(out_dir, cfg, resuming=resume is not None, overwrite=overwrite)
+            if removed and verbose:
+                print(f"note: --overwrite: removed {len(removed)} file(s) of the earlier run in {out_dir}",
+                      file=sys.stderr)
+        busy = _busy_cpu_note(device)
+        if busy and verbose and main:
+            print(f"note: {busy}", file=sys.stderr)
+        model, task = build(cfg)
+        if verbose and main and task.info.get("data_source"):
+            print(f"data: {task.info['data_source']}", file=sys.stderr)
+        if command is None:
+            command = reproduce_command(cfg.experiment, cfg.preset, preset_overrides(cfg),
+                                        int(os.environ.get("WORLD_SIZE", "1")), strategy)
+        trainer = Trainer(model, task, cfg, out_dir=out_dir, command=command, strategy=strategy, verbose=verbose,
+                          started_at=t0, notes=notes, results_path=results_path, extra=extra, log=log)
+        trainer.started_from = started_from if started_at is not None else "run_config call"
+        return trainer.fit(resume=resume, until=until)
 
 
 # ------------------------------------------------------------------------------ helpers for the registrations

@@ -6,8 +6,11 @@ exact command that reproduces the run. Files written since the misuse review als
 ``metrics["final_whole_val"]`` (the final model on the whole validation split),
 ``metrics["estimates"]`` (what each number is computed on), ``timing`` (wall-clock start and end,
 start-up time), ``status`` (complete / interrupted / partial) and ``notes``; older files lack
-them, and :func:`load_results` requires only the original fields. Chapters load stored GPU results with
-:func:`load_results` and show them next to their live CPU runs with :func:`plot_curves`.
+them, and :func:`load_results` requires only the original fields. Files written since run ids exist
+also hold ``run_id`` and ``metrics["best"]``, and their ``config`` leaves out the fields the dataset
+does not read (``train.context_length`` for ListOps, ``data.path`` for generated data, ...).
+Chapters load stored GPU results with :func:`load_results` and show them next to their live CPU
+runs with :func:`plot_curves`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["SCHEMA", "environment_info", "git_commit", "save_results", "load_results", "plot_curves",
-           "device_name", "ResultsError"]
+           "device_name", "ResultsError", "read_json"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
@@ -99,15 +102,25 @@ def save_results(path: str | Path, results: dict) -> Path:
     return atomic_write_bytes(path, text.encode(), "results file")
 
 
+def read_json(path: Path, what: str, error: type[Exception]):
+    """The JSON in ``path``; a file that is not JSON, not UTF-8 or nested too deeply for Python
+    raises ``error`` with one line naming ``what``."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise error(f"{what} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise error(f"{what} is nested too deeply to be read") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{what} is not UTF-8 text: {err.reason}") from None
+
+
 def load_results(path: str | Path) -> dict:
     """Read a results file and check its schema; raise :class:`ResultsError` naming the problem."""
     path = Path(path)
     if not path.is_file():
         raise ResultsError(f"results file {path.name!r} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ResultsError(f"results file {path.name!r} is not valid JSON: {err}") from None
+    data = read_json(path, f"results file {path.name!r}", ResultsError)
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ResultsError(f"results file {path.name!r} has schema "
                            f"{data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r}")
@@ -142,7 +155,9 @@ def plot_curves(results: list[dict], ax=None, split: str = "val", labels: list[s
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     for i, res in enumerate(results):
-        tokens_per_step = res["config"]["train"]["batch_size"] * res["config"]["train"]["context_length"]
+        tc = res["config"]["train"]  # context_length is left out where the data do not read it
+        per_example = res.get("task", {}).get("tokens_per_example") or tc.get("context_length")
+        tokens_per_step = tc["batch_size"] * per_example
         ev = res["curves"]["eval"]
         ax.plot([e["step"] * tokens_per_step for e in ev], [e[f"{split}_loss"] for e in ev], marker="o",
                 ms=3, label=labels[i] if labels else _label(res))

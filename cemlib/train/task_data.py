@@ -6,6 +6,15 @@ are generated from seeds or shipped with cemlib; nothing is downloaded. ``data_s
 dataset itself, ``train.seed`` the model initialisation and the batch order, so seeds of one
 experiment train on the same data.
 
+:func:`check_data_config` validates a config's data side before anything loads (it runs in
+:func:`~cemlib.train.experiments.get_config`): the dataset name, every ``task.*`` option's name,
+type and range (numbers finite, ``data_seed`` >= 0, ``n_*`` >= 1, ``*_fraction`` in (0, 1)), and
+that the fields a dataset does not read (:func:`unused_fields`: ``data.path``,
+``data.val_fraction``, ``train.context_length``) keep their preset's values instead of being
+ignored in silence. Results files leave those fields out. A user's own file (``data.path``: a text file for
+``shakespeare``, a ``.npz`` for ``sudoku``, the CIFAR-10 folder) is read without the shipped
+file's checksum, checked for completeness, and described in ``task.info["data_source"]``.
+
 =============  ==========================================  ============================================
 name           task                                        splits
 =============  ==========================================  ============================================
@@ -23,6 +32,7 @@ cifar10        CIFAR-10 as patch sequences, opt-in         train / val / test, f
 from __future__ import annotations
 
 import inspect
+import math
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +43,8 @@ from cemlib.train.data import TokenBatches
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask,
                                 RegressionTask, Task, TaskDataError, TokenClassificationTask)
 
-__all__ = ["TASKS", "make_task", "split_off", "load_cifar10"]
+__all__ = ["TASKS", "make_task", "split_off", "load_cifar10", "unused_fields", "check_data_config",
+           "recorded_config", "CIFAR10_RECORDS"]
 
 
 def split_off(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +64,19 @@ def _stack(ds) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------ factories
+def _check_file_path(d, what: str) -> None:
+    """``data.path`` must name an existing file (not a folder)."""
+    if d.path is None:
+        return
+    p = Path(d.path)
+    if p.is_dir():
+        raise IsADirectoryError(f"data.path={d.path!r} is a folder; the {d.name!r} data read one file "
+                                f"({what})")
+    if not p.is_file():
+        raise FileNotFoundError(f"data file for data.name={d.name!r} not found: data.path={d.path!r} "
+                                f"(leave data.path unset to use the copy shipped with cemlib)")
+
+
 def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
     """``train_chars``: train on the first ``train_chars`` characters of the train split only (the
     validation split is unchanged), a scaled-down corpus for pilots of the over-fitting dynamics."""
@@ -61,12 +85,13 @@ def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
                                     or train_chars < tc.context_length + 2):
         raise ConfigError(f"task.train_chars must be an integer >= train.context_length + 2 = "
                           f"{tc.context_length + 2}, got {train_chars!r}")
-    if d.path is not None and not Path(d.path).is_file():
-        raise FileNotFoundError(f"data file for data.name={d.name!r} not found: data.path={d.path!r} "
-                                f"(leave data.path unset to use the copy shipped with cemlib)")
+    _check_file_path(d, "a UTF-8 text file, or a .gz of one")
     from cemlib.data.shakespeare import load_shakespeare
     if d.path is None or _is_shipped(d.path):
-        s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)  # checksum: shipped file only
+        try:  # the SHA-256 check applies to the shipped file only
+            s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
+        except ValueError as err:
+            raise TaskDataError(f"data.path={d.path!r}: {err}") from None
     else:
         s = _own_corpus(d.path, d.val_fraction)
     if train_chars is not None and train_chars > s.train.numel():
@@ -78,8 +103,13 @@ def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
         val = TokenBatches(s.val, tc.context_length, seed=tc.seed + 2, name="val")
     except ValueError as err:  # e.g. a corpus too short for the context length
         raise TaskDataError(f"data.path={d.path!r}: {err}") from None
-    return LanguageModelTask(train, val, s.tokenizer.vocab_size, tc.eval_batches,
+    task = LanguageModelTask(train, val, s.tokenizer.vocab_size, tc.eval_batches,
                              tokenizer=s.tokenizer.to_dict())
+    if d.path is not None:
+        n = s.train.numel() + s.val.numel()
+        task.info["data_source"] = (f"{d.path}: {n:,} characters, {s.tokenizer.vocab_size} distinct; "
+                                    f"{s.train.numel():,} train / {s.val.numel():,} val")
+    return task
 
 
 def _is_shipped(path) -> bool:
@@ -186,7 +216,8 @@ def _sudoku(cfg, *, loss_on: str = "all", n_train: int | None = None, n_test: in
     """The shipped hard set (``data.path`` for another ``.npz`` in the same format). Inputs: 81 tokens
     0..9 (0 = blank); classes 0..8 (digit - 1); the accuracies score the blanks."""
     from cemlib.data.sudoku import load_sudoku
-    s = load_sudoku(cfg.data.path) if cfg.data.path else load_sudoku()
+    _check_file_path(cfg.data, "a .npz in the layout of cemlib.data.sudoku.load_sudoku")
+    s = load_sudoku(cfg.data.path)  # the SHA-256 check applies to the shipped file only
 
     def arrays(ds, idx=None):
         x, y = ds.puzzle, ds.solution - 1
@@ -205,8 +236,13 @@ def _sudoku(cfg, *, loss_on: str = "all", n_train: int | None = None, n_test: in
             raise ConfigError(f"task.n_test must be an integer in 1..{len(s.test)}, got {n_test!r}")
         test = torch.arange(n_test)
     splits = {"train": arrays(s.train, keep), "val": arrays(s.train, val), "test": arrays(s.test, test)}
-    return TokenClassificationTask(splits, 9, cfg.train.seed, cfg.train.eval_batches, loss_on=loss_on,
+    task = TokenClassificationTask(splits, 9, cfg.train.seed, cfg.train.eval_batches, loss_on=loss_on,
                                    vocab_size=10)
+    if cfg.data.path is not None:
+        task.info["data_source"] = (f"{cfg.data.path}: {len(s.train):,} train and {len(s.test):,} test "
+                                    f"puzzles; {len(keep):,} train / {len(val):,} val / "
+                                    f"{len(splits['test'][0]):,} test used")
+    return task
 
 
 def _digits(cfg, *, patch_size: int = 2, test_fraction: float = 0.2, val_fraction: float = 0.1,
@@ -223,12 +259,25 @@ def _digits(cfg, *, patch_size: int = 2, test_fraction: float = 0.2, val_fractio
     return ClassificationTask(splits, 10, cfg.train.seed, cfg.train.eval_batches)
 
 
-def load_cifar10(path: str | Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+#: images per file of the binary CIFAR-10 distribution (data_batch_1..5.bin, test_batch.bin)
+CIFAR10_RECORDS = 10_000
+_CIFAR10_RECORD = 1 + 3 * 32 * 32  # a label byte, then the channel-major 32x32 pixels
+
+
+def load_cifar10(path: str | Path, records_per_file: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """CIFAR-10 from the *binary* distribution on disk (``data_batch_1.bin`` .. ``_5.bin``,
     ``test_batch.bin``: records of 1 label byte + 3072 pixel bytes, channel-major 32x32). Returns
     ``{"train": (images uint8 (50000, 3, 32, 32), labels), "test": ...}``. Nothing is downloaded
-    and nothing is unpickled (the Python distribution is a pickle, so it is not read)."""
+    and nothing is unpickled (the Python distribution is a pickle, so it is not read).
+
+    Every file must hold exactly ``records_per_file`` images (default :data:`CIFAR10_RECORDS`) with
+    labels 0..9: an empty, cut or foreign file raises :class:`~cemlib.train.tasks.TaskDataError`
+    naming it, instead of training on fewer images."""
+    records = CIFAR10_RECORDS if records_per_file is None else records_per_file
     root = Path(path)
+    if root.is_file():
+        raise NotADirectoryError(f"CIFAR-10 data.path {root} is a file; give the folder that holds "
+                                 f"data_batch_1.bin ... test_batch.bin (cifar-10-batches-bin)")
     if not root.is_dir():
         raise FileNotFoundError(f"CIFAR-10 folder not found: {root} (give the folder that holds "
                                 f"data_batch_1.bin ... test_batch.bin; cemlib never downloads it)")
@@ -241,10 +290,18 @@ def load_cifar10(path: str | Path) -> dict[str, tuple[torch.Tensor, torch.Tensor
                 raise FileNotFoundError(f"{f} is missing (the binary CIFAR-10 distribution has "
                                         f"data_batch_1.bin .. data_batch_5.bin and test_batch.bin)")
             raw = np.fromfile(f, dtype=np.uint8)
-            if raw.size % 3073:
+            if raw.size == 0:
+                raise TaskDataError(f"{f} is empty (a CIFAR-10 batch file holds {records:,} images)")
+            if raw.size % _CIFAR10_RECORD:
                 raise TaskDataError(f"{f} is not a CIFAR-10 binary batch ({raw.size} bytes is not a "
-                                    f"multiple of 3073)")
-            raw = raw.reshape(-1, 3073)
+                                    f"multiple of {_CIFAR10_RECORD})")
+            raw = raw.reshape(-1, _CIFAR10_RECORD)
+            if len(raw) != records:
+                raise TaskDataError(f"{f} holds {len(raw):,} images, a CIFAR-10 batch file holds "
+                                    f"{records:,}: the file is incomplete (or not CIFAR-10)")
+            if int(raw[:, 0].max()) > 9:
+                raise TaskDataError(f"{f} has labels up to {int(raw[:, 0].max())}; CIFAR-10 labels are "
+                                    f"0..9 (is this CIFAR-100?)")
             ys.append(torch.from_numpy(raw[:, 0].astype(np.int64)))
             xs.append(torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()))
         return torch.cat(xs), torch.cat(ys)
@@ -255,18 +312,26 @@ def load_cifar10(path: str | Path) -> dict[str, tuple[torch.Tensor, torch.Tensor
 def _cifar10(cfg, *, patch_size: int = 4, val_fraction: float = 0.1, n_train: int | None = None,
              data_seed: int = 0) -> Task:
     """Opt-in: ``--set data.path=/folder/of/cifar-10-batches-bin``. Patches of ``p x p x 3``
-    values in [0, 1], per-channel standardised with train statistics."""
+    values in [0, 1], per-channel standardised with train statistics; ``n_train`` keeps the first
+    ``n_train`` training images (before the validation split)."""
     if cfg.data.path is None:
         raise ConfigError("the cifar10 task reads a local copy only: set data.path to the folder of "
                           "the binary CIFAR-10 distribution (cifar-10-batches-bin)")
-    if 32 % patch_size:
-        raise ConfigError(f"task.patch_size must divide 32, got {patch_size}")
+    if patch_size < 1 or 32 % patch_size:
+        raise ConfigError(f"task.patch_size must divide 32 (1, 2, 4, 8, 16 or 32), got {patch_size}")
     raw = load_cifar10(cfg.data.path)
     x_tr, y_tr = raw["train"]
     if n_train is not None:
+        if not 1 <= n_train <= len(y_tr):
+            raise ConfigError(f"task.n_train must lie in 1..{len(y_tr):,} (the images read), got {n_train}")
         x_tr, y_tr = x_tr[:n_train], y_tr[:n_train]
     mean = (x_tr.float() / 255).mean((0, 2, 3), keepdim=True)
     std = (x_tr.float() / 255).std((0, 2, 3), keepdim=True)
+    flat = [c for c in range(3) if not float(std.flatten()[c]) > 0]
+    if flat:
+        raise TaskDataError(f"CIFAR-10 in {cfg.data.path}: channel {flat[0]} is constant over the "
+                            f"{len(y_tr):,} training images, so it cannot be standardised (are these "
+                            f"real images?)")
 
     def patches(x):
         x = ((x.float() / 255) - mean) / std
@@ -277,22 +342,109 @@ def _cifar10(cfg, *, patch_size: int = 4, val_fraction: float = 0.1, n_train: in
     keep, val = split_off(len(y_tr), val_fraction, data_seed)
     splits = {"train": (patches(x_tr[keep]), y_tr[keep]), "val": (patches(x_tr[val]), y_tr[val]),
               "test": (patches(raw["test"][0]), raw["test"][1])}
-    return ClassificationTask(splits, 10, cfg.train.seed, cfg.train.eval_batches)
+    task = ClassificationTask(splits, 10, cfg.train.seed, cfg.train.eval_batches)
+    task.info["data_source"] = (f"{cfg.data.path}: read {len(raw['train'][1]):,} train and "
+                                f"{len(raw['test'][1]):,} test images; {len(keep):,} train / {len(val):,} "
+                                f"val / {len(raw['test'][1]):,} test used")
+    return task
 
 
 TASKS = {"shakespeare": _shakespeare, "listops": _listops, "lis": _lis, "gp": _gp, "sudoku": _sudoku,
          "digits": _digits, "cifar10": _cifar10}
 
 
-def make_task(cfg) -> Task:
-    """The task of ``cfg`` (``cfg.data.name`` with keyword arguments ``cfg.task``)."""
+#: the config fields, besides ``data.name`` and ``task.*``, that each dataset reads
+_READS = {"shakespeare": ("data.path", "data.val_fraction", "train.context_length"),
+          "sudoku": ("data.path",), "cifar10": ("data.path",), "listops": (), "lis": (), "gp": (),
+          "digits": ()}
+_OPTIONAL = ("data.path", "data.val_fraction", "train.context_length")
+_WHY_UNUSED = {"data.path": "its data are generated or shipped with cemlib",
+               "data.val_fraction": "its validation split is set by task.val_fraction",
+               "train.context_length": "its examples have a fixed length"}
+
+
+def unused_fields(name: str) -> tuple[str, ...]:
+    """The fields of :data:`_OPTIONAL` that dataset ``name`` does not read (``()`` for a dataset
+    cemlib does not know)."""
+    reads = _READS.get(name)
+    return () if reads is None else tuple(f for f in _OPTIONAL if f not in reads)
+
+
+def recorded_config(cfg) -> dict:
+    """``cfg.to_dict()`` without the fields its dataset does not read: what a results file records."""
+    d = cfg.to_dict()
+    for dotted in unused_fields(cfg.data.name):
+        section, name = dotted.split(".")
+        d[section].pop(name, None)
+    return d
+
+
+def _option_kind(annotation) -> tuple[str | None, bool]:
+    """``("int" | "float" | "bool" | "str" | None, None allowed)`` from a factory's annotation
+    (``"int | None"`` -> ``("int", True)``; none or several types: ``None``, not checked)."""
+    parts = [t.strip() for t in str(annotation).split("|")]
+    kinds = [t for t in parts if t in ("bool", "int", "float", "str")]
+    return (kinds[0] if len(kinds) == 1 else None), "None" in parts
+
+
+def _check_option(key: str, value, annotation) -> None:
+    kind, none_ok = _option_kind(annotation)
+    if value is None:
+        if none_ok or kind is None:
+            return
+        raise ConfigError(f"task.{key} must be a{'n' if kind == 'int' else ''} {kind}, got none")
+    ok = {"bool": isinstance(value, bool), "str": isinstance(value, str),
+          "int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool)}.get(kind, True)
+    if not ok:
+        what = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[kind]
+        raise ConfigError(f"task.{key} must be {what}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"task.{key} must be a finite number, got {value!r}")
+    if key == "data_seed" and value < 0:
+        raise ConfigError(f"task.data_seed must be a non-negative integer, got {value!r}")
+    if key.startswith("n_") and kind == "int" and value < 1:
+        raise ConfigError(f"task.{key} must be a positive integer, got {value!r}")
+    if key.endswith("_fraction") and kind == "float" and not 0.0 < value < 1.0:
+        raise ConfigError(f"task.{key} must lie in (0, 1), got {value!r}")
+
+
+def check_data_config(cfg, base=None) -> None:
+    """Validate the data side of ``cfg`` before anything loads (see the module docstring); raise
+    :class:`~cemlib.train.config.ConfigError` naming the field. ``base`` (the preset's config)
+    turns on the check of the fields the dataset does not read: one set to a value other than
+    ``base``'s is refused (a preset's own value, e.g. a language model's context length after a
+    change of ``data.name``, is merely unused)."""
     name = cfg.data.name
     if name not in TASKS:
         raise ConfigError(f"unknown dataset data.name={name!r}; known: {', '.join(sorted(TASKS))}")
-    factory = TASKS[name]
-    known = [p for p in inspect.signature(factory).parameters if p != "cfg"]
-    unknown = sorted(set(cfg.task) - set(known))
+    params = {k: p for k, p in inspect.signature(TASKS[name]).parameters.items() if k != "cfg"}
+    unknown = sorted(set(cfg.task) - set(params))
     if unknown:
         raise ConfigError(f"task options {unknown} are not options of the {name!r} data; known: "
-                          f"{', '.join(known) or 'none'}")
-    return factory(cfg, **cfg.task)
+                          f"{', '.join(params) or 'none'}")
+    for key, value in cfg.task.items():
+        _check_option(key, value, params[key].annotation)
+    for dotted in unused_fields(name) if base is not None else ():
+        section, field_name = dotted.split(".")
+        value = getattr(getattr(cfg, section), field_name)
+        if value != getattr(getattr(base, section), field_name):
+            raise ConfigError(f"{dotted}={value!r} is not used by the {name!r} data ({_WHY_UNUSED[dotted]}); "
+                              f"leave it unset")
+    vf = cfg.data.val_fraction
+    if "data.val_fraction" not in unused_fields(name) and (
+            isinstance(vf, bool) or not isinstance(vf, (int, float)) or not 0.0 < vf < 1.0):
+        raise ConfigError(f"data.val_fraction must lie in (0, 1), got {vf!r}")
+
+
+def make_task(cfg) -> Task:
+    """The task of ``cfg`` (``cfg.data.name`` with keyword arguments ``cfg.task``), after
+    :func:`check_data_config`. A generator's own ``ValueError`` (e.g. a LIS length too short for
+    the examples asked for) is reported as a :class:`~cemlib.train.config.ConfigError`."""
+    check_data_config(cfg)
+    try:
+        return TASKS[cfg.data.name](cfg, **cfg.task)
+    except (ConfigError, TaskDataError):
+        raise
+    except ValueError as err:
+        raise ConfigError(f"the {cfg.data.name!r} data with task options {cfg.task}: {err}") from None

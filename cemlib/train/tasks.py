@@ -156,12 +156,13 @@ class Task:
                      n_batches: int | None = None):
         """``(weight, batch)`` pairs this process evaluates; every process gets the same count
         (FSDP needs matching collectives), padding with weight-0 repeats. The train split is
-        evaluated on a fixed random subset of ``n_batches`` batches (default: the task's)."""
+        evaluated on a fixed random subset of ``n_batches`` batches of ``size * world`` examples
+        (default: the task's count), the same subset for any number of processes."""
         data = self.splits[split]
         if split == "train":
             n = self.eval_batches_n if n_batches is None else n_batches
             order = torch.from_numpy(np.random.default_rng([data.seed, 2 ** 31 - 1]).permutation(data.n))
-            order = order[: min(data.n, n * size)]
+            order = order[: min(data.n, n * size * world)]
         else:
             order = torch.arange(data.n)
         chunks = list(torch.split(order, size))
@@ -277,11 +278,14 @@ class LanguageModelTask(Task):
                                         name=train.name + "-eval")
 
     def eval_batches(self, split, size, rank=0, world=1, n_batches=None):
+        """Batches ``0 .. n-1`` of ``size * world`` random windows each, the sample one process
+        evaluates with the same global batch; under torchrun each process takes its ``size`` rows
+        of every batch (the mean over equal parts is the batch mean), so the sample does not
+        depend on the number of processes."""
         data = self._train_eval if split == "train" else self.splits[split]
         n = self.eval_batches_n if n_batches is None else n_batches
-        for j in range(math.ceil(n / world)):
-            idx = rank + world * j
-            yield (1.0 if idx < n else 0.0), data.batch(idx, size)
+        for j in range(n):
+            yield 1.0, data.micro_batch(j, size * world, rank, size)
 
 
     def loss(self, model, batch):

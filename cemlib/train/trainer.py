@@ -7,17 +7,27 @@ the task's metrics, checkpoints and NaN/Inf detection, and returns the results d
 written to ``out_dir/results.json``). One optimiser step consumes global batch ``step`` of the
 task's train split, so the data position is the step counter.
 
-Under misuse: ``out_dir`` is created and proved writable before the first step; SIGINT / SIGTERM
-(Ctrl-C) finish the current step, save a checkpoint and the results so far, and raise
-:class:`TrainingInterrupted` (the command line exits with 128 + the signal number); a NaN/Inf
-found by a layer's own finite check is reported like one in the loss (step, parameter,
-``last_good.pt``); wall time and tokens accumulate across resumes. ``Trainer(model, train, val, cfg)``
-with two :class:`~cemlib.train.data.TokenBatches` is language modelling (the original form).
+Under misuse: ``out_dir`` is created and proved writable before the first step, and held by one
+writer at a time (:func:`~cemlib.train.runs.out_dir_lock`); SIGINT / SIGTERM (Ctrl-C) finish the
+current step (or stop the final evaluation), save a checkpoint and the results so far, and raise
+:class:`TrainingInterrupted` (the command line exits with 128 + the signal number); a NaN/Inf in
+the loss, the gradients or a layer's own finite check, or parameters made non-finite by an update,
+stop the run naming the step and the parameter, and ``last_good.pt`` (never holding a NaN/Inf)
+keeps the state before that step; a learning rate too large for the parameters' dtype is refused
+before the first step; wall time and tokens accumulate across resumes.
+
+Besides ``results.json`` and the checkpoints, ``out_dir`` receives ``best.pt`` (the state at the
+best evaluation after step 0 by the task's primary metric, e.g. ``val_accuracy``), ``train_log.csv`` and
+``eval_log.csv`` (every logged step; ``elapsed_s`` is the training wall time) and, with
+``log=("tensorboard",)`` and the ``tensorboard`` package installed, TensorBoard event files.
+``Trainer(model, train, val, cfg)`` with two :class:`~cemlib.train.data.TokenBatches` is language
+modelling (the original form).
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import os
@@ -40,11 +50,15 @@ from cemlib.train import checkpoint as ckpt
 from cemlib.train.config import ExperimentConfig, micro_batch_size, resolve_precision
 from cemlib.train.data import TokenBatches
 from cemlib.train.tasks import LanguageModelTask, Task, lm_loss  # lm_loss: re-exported
-from cemlib.train.distributed import DistInfo, all_reduce_mean, init_distributed, unwrap_model, wrap_model
+from cemlib.train.config import ConfigError
+from cemlib.train.distributed import (DistInfo, all_reduce_mean, init_distributed, resolve_device, unwrap_model,
+                                      wrap_model)
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer, make_scheduler
 from cemlib.train.results import SCHEMA, environment_info, git_commit, save_results
-from cemlib.utils import default_device, seed_everything
+from cemlib.train.runs import out_dir_lock, run_id
+from cemlib.train.task_data import recorded_config
+from cemlib.utils import seed_everything
 
 __all__ = ["Trainer", "NonFiniteError", "TrainingInterrupted", "lm_loss", "choose_precision",
            "prepare_out_dir"]
@@ -98,8 +112,70 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     return out_dir
 
 
+def _clock(seconds: float) -> str:
+    """``h:mm:ss`` for a duration in seconds."""
+    seconds = int(max(0.0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def check_lr_fits(model: nn.Module, optim_cfg) -> None:
+    """Refuse a peak learning rate whose AdamW step overflows the parameters' dtype: the first step
+    multiplies by ``lr / (1 - beta1)`` (the bias correction), which must be a finite number of that
+    dtype (torch would stop with "value cannot be converted to type float without overflow")."""
+    factor = optim_cfg.lr / (1.0 - optim_cfg.beta1) if optim_cfg.beta1 < 1 else math.inf
+    for dtype in {p.dtype for p in model.parameters() if p.requires_grad and p.is_floating_point()}:
+        biggest = torch.finfo(dtype).max
+        if not factor <= biggest:
+            name = str(dtype).replace("torch.", "")
+            raise ConfigError(f"optim.lr={optim_cfg.lr!r} is too large for {name} parameters: AdamW's first "
+                              f"step multiplies by lr / (1 - beta1) = {factor:.3g}, beyond the largest {name} "
+                              f"value {biggest:.3g}")
+
+
 def _utc(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class _CSVLog:
+    """One metric log (``train_log.csv`` or ``eval_log.csv``): a header, then one row per logged
+    step with its ``elapsed_s`` (training wall time), flushed as written. Opening it rewrites it
+    from ``rows`` (the history so far), keeping the elapsed times an earlier segment logged."""
+
+    def __init__(self, path: Path, rows: list[dict]):
+        elapsed = {}
+        if path.is_file():
+            with contextlib.suppress(OSError, csv.Error, KeyError, UnicodeDecodeError):
+                with open(path, newline="") as f:
+                    elapsed = {r["step"]: r.get("elapsed_s", "") for r in csv.DictReader(f)}
+        self.f = open(path, "w", newline="")
+        self.writer = None
+        for r in rows:
+            self.write(r, elapsed.get(str(r["step"]), ""))
+
+    def write(self, row: dict, elapsed) -> bool:
+        """Append ``row``; ``False`` if the disk refused it."""
+        try:
+            if self.writer is None:
+                self.writer = csv.DictWriter(self.f, fieldnames=[*row, "elapsed_s"], restval="",
+                                             extrasaction="ignore")
+                self.writer.writeheader()
+            self.writer.writerow({**row, "elapsed_s": elapsed if isinstance(elapsed, str) else f"{elapsed:.3f}"})
+            self.f.flush()
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _tensorboard_writer_class():
+    """``torch.utils.tensorboard.SummaryWriter``, or ``None`` when the tensorboard package is absent."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter
 
 
 def choose_precision(precision: str, device: torch.device) -> str:
@@ -119,11 +195,15 @@ class Trainer:
     ``started_at`` (``time.time()``) is when the run began (process start or the
     :func:`~cemlib.train.experiments.run_experiment` call; default: now), for the start-up time in
     the results; ``notes`` are lines recorded in the results (e.g. a clamped warm-up).
+    ``results_path`` is where the results go (default ``out_dir/results.json``; a grid run writes
+    ``<out>/<run>.json`` beside its folder); ``extra`` holds entries added to the results (e.g. a
+    grid's ``sweep``); ``log`` may hold ``"tensorboard"``.
     """
 
     def __init__(self, model: nn.Module, task: Task | TokenBatches, *args, out_dir: str | Path | None = None,
                  loss_fn: Callable | None = None, command: str | None = None, strategy: str = "ddp",
-                 verbose: bool = True, started_at: float | None = None, notes: list[str] | None = None):
+                 verbose: bool = True, started_at: float | None = None, notes: list[str] | None = None,
+                 results_path: str | Path | None = None, extra: dict | None = None, log=()):
         if isinstance(task, TokenBatches) and len(args) == 2 and isinstance(args[0], TokenBatches):
             val, cfg = args
             task = LanguageModelTask(task, val, eval_batches=cfg.train.eval_batches)
@@ -137,6 +217,13 @@ class Trainer:
         self.task = task
         self.cfg, self.loss_fn, self.command, self.strategy = cfg, loss_fn, command, strategy
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.results_path = (Path(results_path) if results_path is not None else
+                             self.out_dir / "results.json" if self.out_dir is not None else None)
+        self.extra = dict(extra or {})
+        unknown_logs = sorted(set(log) - {"csv", "tensorboard"})
+        if unknown_logs:
+            raise ConfigError(f"unknown log {unknown_logs}; known: csv (always), tensorboard")
+        self.log = tuple(log)
         if self.out_dir is not None and self.out_dir.exists() and not self.out_dir.is_dir():
             # fail before training, not at the first checkpoint
             raise NotADirectoryError(f"out_dir must be a folder (it receives results.json and "
@@ -146,7 +233,7 @@ class Trainer:
         self.started_from = "Trainer construction" if started_at is None else "given start time"
         self.notes = list(notes or [])
         tc = cfg.train
-        self.dist: DistInfo = init_distributed(default_device(tc.device))
+        self.dist: DistInfo = init_distributed(resolve_device(tc.device))
         if self.out_dir is not None and self.dist.is_main:
             prepare_out_dir(self.out_dir)  # before any step: an unusable --out fails at once
         self.device = self.dist.device
@@ -158,6 +245,7 @@ class Trainer:
         # fp16 autocast needs loss scaling; bf16 and fp32 do not (the scaler is then a no-op)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         self.skipped_steps, self._skipped = 0, False
+        check_lr_fits(model, cfg.optim)
         self.raw_model = model.to(self.device)
         self.forward_flops, self.flops_source = forward_flops_per_token(self.raw_model)
         self.num_parameters = sum(p.numel() for p in self.raw_model.parameters())
@@ -176,6 +264,9 @@ class Trainer:
         self._signal: int | None = None
         self._whole_val: dict | None = None
         self._final_eval_s: float | None = None
+        self._final_interrupted = False
+        self._show_bar = False
+        self._logs: dict = {}
         seed_everything(tc.seed + 1 + self.dist.rank)  # dropout stream, distinct per process
 
     # ----------------------------------------------------------------------------- helpers
@@ -231,10 +322,18 @@ class Trainer:
                 "data": {"position": self.step, "train": self.train_data.state_dict()},
                 "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
                 "config": self.cfg.to_dict(), "history": self.history,
-                "world_size": self.dist.world_size, "timing": self._timing_state(),
+                "world_size": self.dist.world_size, "timing": self._timing_state(), "run": self._run_info(),
                 # what the model reads and writes (vocabulary, context, classes), JSON-plain so the
                 # file stays weights-only: ``cemlib generate`` decodes with it, no dataset needed
                 "task": json.loads(json.dumps({"kind": self.task.kind, "info": self.task.info}))}
+
+    def _run_info(self) -> dict:
+        """What ``--resume FOLDER`` needs besides the config: the command, where the results go
+        (relative to the checkpoint's folder) and the extra results entries."""
+        results = None
+        if self.results_path is not None and self.out_dir is not None:
+            results = os.path.relpath(self.results_path, self.out_dir)
+        return {"command": self.command, "results": results, "extra": self.extra}
 
     def save_checkpoint(self, path: str | Path, rng: dict | None = None) -> Path | None:
         """Write a checkpoint of the current state (every process calls; rank 0 writes)."""
@@ -345,28 +444,45 @@ class Trainer:
     def fit(self, resume: str | Path | None = None, until: int | None = None) -> dict:
         """Train to ``cfg.train.max_steps`` (or stop early after step ``until`` with a checkpoint).
 
-        ``resume`` continues from a checkpoint; on CPU the result is bit-identical to an
+        ``resume`` continues from a checkpoint (or a run folder: its newest checkpoint, see
+        :func:`~cemlib.train.runs.newest_checkpoint`); on CPU the result is bit-identical to an
         uninterrupted run. Raises :class:`NonFiniteError` on NaN/Inf after saving ``last_good.pt``,
         and :class:`TrainingInterrupted` after SIGINT / SIGTERM (checkpoint and results so far
-        saved). At ``max_steps`` the final model is also evaluated on the whole validation split.
+        saved). At ``max_steps`` the final model is also evaluated on the whole validation split;
+        a signal during that evaluation saves ``last.pt`` and the results without it (resuming
+        from ``last.pt`` runs the final evaluation only). ``out_dir`` is held by this process
+        alone while it trains.
         """
+        lock = out_dir_lock(self.out_dir) if self.out_dir is not None and self.dist.is_main else \
+            contextlib.nullcontext()
+        with lock:
+            try:
+                return self._fit(resume, until)
+            finally:
+                self._close_logs()
+
+    def _fit(self, resume, until) -> dict:
         tc = self.cfg.train
         if resume is not None:
-            self.load_checkpoint(resume)
+            from cemlib.train.runs import resolve_checkpoint
+            self.load_checkpoint(resolve_checkpoint(resume))
         stop = tc.max_steps if until is None else until
         if not self.step <= stop <= tc.max_steps:
             raise ValueError(f"until={until} must lie between the current step {self.step} "
                              f"and train.max_steps={tc.max_steps}")
         show = (self.verbose and self.dist.is_main and sys.stderr.isatty() and not os.environ.get("CI"))
         lines = self.verbose and self.dist.is_main and not show  # piped output: a line per log interval
+        self._show_bar = show
         bar = tqdm(total=tc.max_steps, initial=self.step, disable=not show, dynamic_ncols=True,
                    desc=self.cfg.experiment)
+        self._open_logs()
         self.model.train()
         now = time.time()
         self._first_start = self._first_start or _utc(self.started_at)
         self._startup_done += max(0.0, now - self.started_at)
         self._segments += 1
         self._t_loop = time.perf_counter()
+        first_step, t_first = self.step, self._t_loop  # for the ETA of piped output
         with self._catch_signals():
             while self.step < stop:
                 rng = ckpt.rng_state()
@@ -381,17 +497,23 @@ class Trainer:
                     self._stop_nonfinite(float("nan"), float("nan"), rng, cause=str(err))
                 if not (math.isfinite(loss) and math.isfinite(gnorm)) and not self._skipped:
                     self._stop_nonfinite(loss, gnorm, rng)
+                if not self._skipped and not self._params_finite():  # the update itself overflowed
+                    self._stop_nonfinite(loss, gnorm, rng, updated=lr)
                 dt = time.perf_counter() - t0
                 if self.step > 0 or stop == 1:  # the first step carries warm-up / compilation
                     self.train_time += dt
                     self.timed_tokens += self.tokens_per_step
                 self.step += 1
                 if self.step % tc.log_interval == 0 or self.step == stop:
-                    self.history["train"].append({"step": self.step, "loss": loss, "grad_norm": gnorm,
-                                                  "lr": lr})
+                    row = {"step": self.step, "loss": loss, "grad_norm": gnorm, "lr": lr}
+                    self.history["train"].append(row)
+                    self._log_row("train", row)
                     if lines:
+                        spent = time.perf_counter() - t_first
+                        eta = spent / (self.step - first_step) * (stop - self.step)
                         print(f"step {self.step:>6}/{tc.max_steps}  loss {loss:.4f}  lr {lr:.3e}  "
-                              f"{self._tokens_per_s():.0f} tokens/s", flush=True)
+                              f"{self._tokens_per_s():.0f} tokens/s  elapsed {_clock(self._wall_total())}  "
+                              f"eta {_clock(eta)}", flush=True)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self._tokens_per_s():.0f}")
                 if self.out_dir is not None and tc.checkpoint_interval \
@@ -401,29 +523,117 @@ class Trainer:
                     break
         bar.close()
         interrupted = self.step < stop
-        if self.step == tc.max_steps:
-            self._maybe_evaluate()
+        at_end = self.step == tc.max_steps
+        if at_end:
+            with self._interruptible():  # a signal stops it: last.pt and the results without it
+                self._maybe_evaluate()
         wall = self._wall_total()
         self._wall_done, self._t_loop = wall, None
         saved = None
         if self.out_dir is not None:
-            saved = self.save_checkpoint(self.out_dir / ("last.pt" if self.step == tc.max_steps else
-                                                         f"ckpt_{self.step:06d}.pt"))
-        if self.step == tc.max_steps and tc.final_whole_eval:
+            saved = self.save_checkpoint(self.out_dir / ("last.pt" if at_end else f"ckpt_{self.step:06d}.pt"))
+        if at_end and tc.final_whole_eval and not self._final_interrupted:
             t0 = time.perf_counter()
-            self._whole_val = self._final_whole_val()
-            self._final_eval_s = time.perf_counter() - t0
+            with self._interruptible():
+                self._whole_val = self._final_whole_val()
+                self._final_eval_s = time.perf_counter() - t0
         results = self.results(wall)
         written = None
-        if self.out_dir is not None and self.dist.is_main and (self.step == tc.max_steps or interrupted):
-            written = save_results(self.out_dir / "results.json", results)
+        if self.results_path is not None and self.dist.is_main and (at_end or interrupted):
+            written = save_results(self.results_path, results)
+        name = signal.Signals(self._signal).name if self._signal else "a signal"
+        if self._final_interrupted:
+            where = (f"{saved} and the results without the final evaluation ({written or 'on rank 0'}) "
+                     f"saved; finish with --resume {self.out_dir} (it runs the final evaluation only)"
+                     if saved else "nothing saved (no out_dir)")
+            raise TrainingInterrupted(f"{name} during the final evaluation (step {self.step}/{tc.max_steps}): "
+                                      f"{where}", int(self._signal or signal.SIGINT), self.step, saved, written)
         if interrupted:
-            name = signal.Signals(self._signal).name if self._signal else "a signal"
             where = (f"checkpoint {saved} and results {written or 'on rank 0'} saved; continue with "
                      f"--resume {saved}") if saved else "nothing saved (no out_dir)"
             raise TrainingInterrupted(f"{name} at step {self.step}/{tc.max_steps}: {where}",
                                       int(self._signal or signal.SIGINT), self.step, saved, written)
         return results
+
+    @contextlib.contextmanager
+    def _interruptible(self):
+        """For the final evaluations: SIGINT / SIGTERM stop the block at once (recorded in
+        ``_final_interrupted``) instead of killing the process. Main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            self._signal = signum
+            raise KeyboardInterrupt
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, OSError):
+                old[sig] = signal.signal(sig, handler)
+        try:
+            yield
+        except KeyboardInterrupt:
+            self._final_interrupted = True
+            self.model.train()
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h if h is not None else signal.SIG_DFL)
+
+    def _params_finite(self) -> bool:
+        """Are all parameters finite (after an update)? Under FSDP every process checks its shards."""
+        params = [p.detach() for p in self.raw_model.parameters()]
+        if not params:
+            return True
+        ok = torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                          for p in params]).all()
+        if self.strategy == "fsdp" and self.dist.enabled:
+            bad = (~ok).float().reshape(1)
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+            return not bool(bad.item())
+        return bool(ok)
+
+    # ----------------------------------------------------------------------------- metric logs
+    def _open_logs(self) -> None:
+        """``train_log.csv`` / ``eval_log.csv`` from the history so far (a resumed run keeps the
+        elapsed times its earlier segments logged), then a row per logged step; TensorBoard if
+        asked for and installed."""
+        self._close_logs()
+        self._logs = {}
+        if self.out_dir is None or not self.dist.is_main:
+            return
+        for kind in ("train", "eval"):
+            rows = [r for r in self.history[kind] if r["step"] <= self.step]
+            try:
+                self._logs[kind] = _CSVLog(self.out_dir / f"{kind}_log.csv", rows)
+            except OSError as err:
+                print(f"note: {kind}_log.csv cannot be written ({ckpt.os_error_cause(err)}); no CSV log",
+                      file=sys.stderr)
+        if "tensorboard" in self.log:
+            writer_class = _tensorboard_writer_class()
+            if writer_class is None:
+                print("note: --log tensorboard: the tensorboard package is not installed (pip install "
+                      "tensorboard); the metrics go to train_log.csv and eval_log.csv only", file=sys.stderr)
+            else:
+                self._logs["tensorboard"] = writer_class(log_dir=str(self.out_dir),
+                                                         purge_step=self.step or None)
+
+    def _log_row(self, kind: str, row: dict) -> None:
+        log = self._logs.get(kind)
+        if log is not None and not log.write(row, self._wall_total()):
+            print(f"note: {kind}_log.csv could not be written; the CSV log stops here (the results and "
+                  f"checkpoints are not affected)", file=sys.stderr)
+            del self._logs[kind]
+        tb = self._logs.get("tensorboard")
+        if tb is not None:
+            for k, v in row.items():
+                if k != "step":
+                    tb.add_scalar(f"{kind}/{k}", v, row["step"])
+
+    def _close_logs(self) -> None:
+        for log in self._logs.values():
+            with contextlib.suppress(Exception):
+                log.close()
+        self._logs = {}
 
     @contextlib.contextmanager
     def _catch_signals(self):
@@ -498,24 +708,62 @@ class Trainer:
         due = self.step % tc.eval_interval == 0 or self.step == tc.max_steps
         if due and not any(e["step"] == self.step for e in self.history["eval"]):
             ev = {"step": self.step, **self.evaluate()}
+            earlier = list(self.history["eval"])
             self.history["eval"].append(ev)
+            self._log_row("eval", ev)
+            if self.out_dir is not None and self.step > 0 and self._improves(ev, earlier):
+                # every process (it is collective); not at step 0, before the optimiser has a state
+                # (FSDP's state-dict call would initialise it with a step of its own)
+                self.save_checkpoint(self.out_dir / "best.pt")
             if self.verbose and self.dist.is_main:
                 extra = "".join(f"  {k} {v:.4f}" for k, v in ev.items()
                                 if k not in ("step", "train_loss", "val_loss") and k.startswith("val_"))
-                print(f"step {self.step:>6}/{tc.max_steps}  train {ev['train_loss']:.4f}  "
-                      f"val {ev['val_loss']:.4f}{extra}", flush=True)
+                line = (f"step {self.step:>6}/{tc.max_steps}  train {ev['train_loss']:.4f}  "
+                        f"val {ev['val_loss']:.4f}{extra}")
+                if self._show_bar:  # above the progress bar, not through it
+                    tqdm.write(line, file=sys.stdout)
+                else:
+                    print(line, flush=True)
 
-    def _stop_nonfinite(self, loss: float, gnorm: float, rng: dict, cause: str | None = None) -> None:
+    def _improves(self, ev: dict, earlier: list[dict]) -> bool:
+        """Is ``ev`` better than every earlier evaluation by the task's primary metric (the first
+        evaluation is)? The one criterion of ``best.pt`` and of ``metrics["best"]``."""
+        primary, mode = self.task.primary
+        key = f"val_{primary}"
+        value = ev.get(key)
+        if value is None or not math.isfinite(value):
+            return False
+        previous = [e[key] for e in earlier if math.isfinite(e.get(key, math.nan))]
+        if not previous:
+            return True
+        return value < min(previous) if mode == "min" else value > max(previous)
+
+    def _stop_nonfinite(self, loss: float, gnorm: float, rng: dict, cause: str | None = None,
+                        updated: float | None = None) -> None:
+        """Raise :class:`NonFiniteError`; save ``last_good.pt`` (the state before this step) unless
+        the parameters themselves are no longer finite (``updated``: the learning rate of an update
+        that made them so; the state before it is gone, and the newest checkpoint is named)."""
         where = self._first_nonfinite("no parameter (the loss itself)" if cause is None else
                                       "no parameter (the activations)")
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
         saved = "no checkpoint saved (out_dir not set)"
         if self.out_dir is not None:
-            path = self.save_checkpoint(self.out_dir / "last_good.pt", rng=rng)
-            saved = f"last good state (before step {self.step}) saved to {path.name}"
-        what = f"loss {loss}, gradient norm {gnorm}" if cause is None else \
-            f"a layer's finite check found them in the forward pass ({cause})"
+            if updated is None and self._params_finite():
+                path = self.save_checkpoint(self.out_dir / "last_good.pt", rng=rng)
+                saved = f"last good state (before step {self.step}) saved to {path.name}"
+            else:
+                from cemlib.train.runs import newest_checkpoint
+                newest = newest_checkpoint(self.out_dir)
+                saved = ("the state before this step is not kept (no checkpoint holds non-finite values); "
+                         + (f"the newest checkpoint is {newest.name}" if newest else "no checkpoint was saved yet"))
+        if updated is not None:
+            what = (f"the update (lr {updated:.3g}) made the parameters non-finite although loss {loss} and "
+                    f"gradient norm {gnorm} were finite (is optim.lr too large?)")
+        elif cause is None:
+            what = f"loss {loss}, gradient norm {gnorm}"
+        else:
+            what = f"a layer's finite check found them in the forward pass ({cause})"
         raise NonFiniteError(f"non-finite values at step {self.step}: {what}; first offending: {where}; "
                              f"{saved}")
 
@@ -529,7 +777,10 @@ class Trainer:
         final model's metrics on the whole validation split and ``metrics["estimates"]`` says in
         words what each number is computed on; ``timing`` holds the wall-clock start and end, the
         start-up time before the first step and the time of the final evaluation; ``status`` is
-        ``"complete"``, ``"interrupted"`` (a signal) or ``"partial"`` (stopped at ``until``)."""
+        ``"complete"``, ``"interrupted"`` (a signal, also one during the final evaluation) or
+        ``"partial"`` (stopped at ``until``). ``metrics["best"]`` is the best evaluation by the
+        task's primary metric (its value, step and ``best.pt``); ``config`` leaves out the fields
+        the dataset does not read; ``run_id`` names the run (:func:`~cemlib.train.runs.run_id`)."""
         tc = self.cfg.train
         device, versions = environment_info(self.device, self.dist.world_size)
         peak_tflops, peak_source = tc.peak_tflops, "train.peak_tflops"
@@ -550,6 +801,7 @@ class Trainer:
             "initial_val_loss": ev[0]["val_loss"] if ev else None,
             "best_val_loss": best_loss["val_loss"] if best_loss else None,
             "best_val_step": best["step"] if best else None,
+            "best_val_loss_step": best_loss["step"] if best_loss else None,
             "primary_metric": key, "best_primary": best[key] if best else None,
             "final": {k: v for k, v in ev[-1].items() if k != "step"} if ev else {},
             "at_best": {k: v for k, v in best.items() if k != "step"} if best else {},
@@ -561,10 +813,15 @@ class Trainer:
                        self.dist.world_size),
             "precision": {"bf16": "bf16-autocast", "fp16": "fp16-autocast+grad-scaler",
                           "fp32": "fp32"}[self.precision],
+            "best": {"metric": key, "mode": mode, "value": best[key] if best else None,
+                     "step": best["step"] if best else None,
+                     "checkpoint": "best.pt" if best and best["step"] > 0 and self.out_dir is not None
+                     else None},
         }
-        sample = self.task.estimate("val", self.micro)
-        whole = self.task.estimate("val", self.micro, whole=True)
-        train_est = self.task.estimate("train", self.micro)
+        per_eval = self.micro * self.dist.world_size  # the examples of one evaluation batch, all processes
+        sample = self.task.estimate("val", per_eval)
+        whole = self.task.estimate("val", per_eval, whole=True)
+        train_est = self.task.estimate("train", per_eval)
         metrics["final_whole_val"] = self._whole_val
         metrics["estimates"] = {
             "final_val_loss": sample, "best_val_loss": sample, "initial_val_loss": sample,
@@ -572,20 +829,22 @@ class Trainer:
             f"train_*: {train_est}", "final_train_loss": train_est,
             "final_whole_val": whole if self._whole_val is not None else (
                 "not evaluated (train.final_whole_eval is false)" if not self.cfg.train.final_whole_eval
+                else "not evaluated (interrupted during the final evaluation)" if self._final_interrupted
                 else "not evaluated (the run stopped before max_steps)"),
             "tokens_per_s": "training steps only (step 0, which carries the warm-up, excluded), all "
                             "segments",
             "wall_time_s": "the training loops with their periodic evaluations, all segments; "
                            "start-up and the final whole-split evaluation are in timing"}
-        status = "complete" if self.step == tc.max_steps else (
+        status = "complete" if self.step == tc.max_steps and not self._final_interrupted else (
             "interrupted" if self._signal is not None else "partial")
         timing = {"start_utc": self._first_start or _utc(self.started_at), "end_utc": _utc(time.time()),
                   "startup_s": self._startup_done, "startup_from": self.started_from,
                   "wall_time_s": wall_time_s, "final_eval_s": self._final_eval_s,
                   "segments": self._segments}
         return {"schema": SCHEMA, "experiment": self.cfg.experiment, "preset": self.cfg.preset,
-                "config": self.cfg.to_dict(), "task": self.task.describe(), "metrics": metrics,
+                "config": recorded_config(self.cfg), "task": self.task.describe(), "metrics": metrics,
                 "curves": self.history,
                 "num_parameters": self.num_parameters, "model_class": type(self.raw_model).__name__,
                 "device": device, "versions": versions, "git_commit": git_commit(),
-                "command": self.command, "status": status, "timing": timing, "notes": self.notes}
+                "command": self.command, "status": status, "timing": timing, "notes": self.notes,
+                "run_id": run_id(self.cfg), **self.extra}
