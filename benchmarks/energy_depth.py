@@ -6,7 +6,11 @@ the stored one (its final metrics equal, bit for bit, those of the stored seed-0
 records with :func:`cemlib.models.probes.energy_along_depth`, in float64, each energy step's own
 per-token energy before and after the step: the mean over the inputs' tokens, the fraction of
 tokens whose energy the step lowers, and, for the weight-shared models, the trajectory continued
-to ``--extend`` times the trained depth. The inputs are the same for every model of a task: the
+to ``--extend`` times the trained depth. Direction apart from overshoot: the fraction of tokens the
+step points downhill for (the sign of the energy's derivative along the step), the 2 x 2 table of
+direction against outcome (``direction_table``: downhill and descends, downhill and overshoots,
+uphill and rises, uphill and yet descends), and the 10th, 50th and 90th percentiles of the step's
+size relative to the state, ``|dx| / |x|``. The inputs are the same for every model of a task: the
 first ``--n-inputs`` test examples of ListOps, the first validation batch of tiny Shakespeare.
 
 Checkpoints are not kept in the repository (``runs/`` is ignored). A missing one is re-created by
@@ -34,6 +38,7 @@ from cemlib.train.results import environment_info, git_commit
 from cemlib.train.sweep import run_name
 
 SEED = ("train.seed=0",)
+QUANTILES = (0.1, 0.5, 0.9)  # of the step ratio |dx| / |x| over the tokens
 BASELINES = ("llama", "gpt")  # no energy
 
 
@@ -76,7 +81,12 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
                "one_energy": rec.one_energy,
                "before_mean": rec.before.mean((1, 2)).tolist(), "after_mean": rec.after.mean((1, 2)).tolist(),
                "change_mean": rec.change.mean((1, 2)).tolist(),
-               "descent_fraction": (rec.change < 0).double().mean((1, 2)).tolist()}
+               "descent_fraction": (rec.change < 0).double().mean((1, 2)).tolist(),
+               # direction (the sign of the first-order change along the step) apart from overshoot
+               "first_order_descent_fraction": (rec.first_order < 0).double().mean((1, 2)).tolist(),
+               "direction_table": [rec.direction_table(s) for s in range(len(rec.labels))],
+               "step_ratio_quantiles": torch.quantile(rec.step_ratio.flatten(1), torch.tensor(
+                   QUANTILES, dtype=rec.step_ratio.dtype), dim=1).T.tolist()}
         if rec.one_energy:
             n = len(rec.labels)
             long = energy_along_depth(model, inputs, n_steps=extend * n)
@@ -103,7 +113,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     tasks = {t: probe(t, a.preset, Path(a.runs), Path(a.stored), a.n_inputs, a.extend) for t in BENCH_WIDTHS}
     device, versions = environment_info(torch.device("cpu"))
-    out = {"schema": "cemlib.benchmarks.energy_depth/1", "preset": a.preset, "seed": 0,
+    out = {"schema": "cemlib.benchmarks.energy_depth/2", "step_ratio_quantiles": list(QUANTILES), "preset": a.preset, "seed": 0,
            "dtype": "float64", "n_inputs": a.n_inputs, "extend": a.extend, "device": device,
            "versions": versions, "git_commit": git_commit(),
            "command": "python benchmarks/energy_depth.py " + shlex.join(
