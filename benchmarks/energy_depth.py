@@ -2,7 +2,8 @@
 
 For every energy model of the benchmark (CEM, NRGPT, Newton attention, Hyper-SET; Llama and GPT
 have no energy) this script loads the seed-0 checkpoint of the benchmark run, checks that the run is
-the stored one (its final metrics equal, bit for bit, those of the stored seed-0 results file), and
+the stored one (its final metrics equal those of the stored seed-0 results file: bit for bit on the
+CPU that wrote it, to a relative 1e-3 on another), and
 records with :func:`cemlib.models.probes.energy_along_depth`, in float64, each energy step's own
 per-token energy before and after the step: the mean over the inputs' tokens, the fraction of
 tokens whose energy the step lowers, and, for the weight-shared models, the trajectory continued
@@ -15,7 +16,7 @@ first ``--n-inputs`` test examples of ListOps, the first validation batch of tin
 
 Checkpoints are not kept in the repository (``runs/`` is ignored). A missing one is re-created by
 training the run again (``python -m cemlib.train --experiment E --preset P --set train.seed=0``,
-bit-identical on CPU to the stored run), so one command reproduces the results file::
+bit-identical to the stored run on the CPU that wrote it), so one command reproduces the results file::
 
     OMP_NUM_THREADS=1 python benchmarks/energy_depth.py          # -> benchmarks/results/energy_depth_cpu.json
 """
@@ -38,6 +39,9 @@ from cemlib.train.results import environment_info, git_commit
 from cemlib.train.sweep import run_name
 
 SEED = ("train.seed=0",)
+# the re-trained run must reproduce the stored one: bit for bit on the machine that wrote it, to a relative
+# 1e-3 on another CPU (another BLAS rounds differently; as tests/test_stored_results.py allows)
+RTOL = 1e-3
 QUANTILES = (0.1, 0.5, 0.9)  # of the step ratio |dx| / |x| over the tokens
 BASELINES = ("llama", "gpt")  # no energy
 
@@ -68,8 +72,11 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
         ckpt, run = _checkpoint(experiment, preset, runs)
         ref = stored / f"bench_{task_name}_{preset}" / f"{run_name(experiment, (), 0)}.json"
         ref_final = load_results(ref)["metrics"]["final"] if ref.exists() else None
-        if ref_final is not None and run["metrics"]["final"] != ref_final:
-            raise SystemExit(f"{experiment}: the checkpoint's run does not reproduce the stored {ref.name}")
+        gap = None if ref_final is None else max(abs(run["metrics"]["final"][k] - v) / abs(v)
+                                                  for k, v in ref_final.items())
+        if gap is not None and gap > RTOL:
+            raise SystemExit(f"{experiment}: the checkpoint's run does not reproduce the stored {ref.name} "
+                             f"(largest relative difference of a final metric {gap:.1e} > {RTOL:g})")
         model.load_state_dict(load_checkpoint(ckpt)["model"])
         model = model.double().eval()
         if inputs is None:
@@ -77,7 +84,8 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
         rec = energy_along_depth(model, inputs)
         row = {"experiment": experiment, "model_class": type(model).__name__,
                "num_parameters": run["num_parameters"], "final_metrics": run["metrics"]["final"],
-               "matches_stored": ref_final is not None, "labels": list(rec.labels),
+               "matches_stored": ref_final is not None, "stored_final_metrics": ref_final,
+               "max_rel_diff_to_stored": gap, "labels": list(rec.labels),
                "one_energy": rec.one_energy,
                "before_mean": rec.before.mean((1, 2)).tolist(), "after_mean": rec.after.mean((1, 2)).tolist(),
                "change_mean": rec.change.mean((1, 2)).tolist(),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cemlib.train.verdict import (AGREE, DISAGREE, MIN_SEEDS, NOT_TESTABLE, UNRESOLVED, Chance, Claim,
-                                  claims_table, compare, decide, decide_exact, paired, per_seed_optimum,
+                                  claims_table, compare, decide, decide_exact, not_testable, paired, per_seed_optimum,
                                   sampling_margin, seed_values, t_interval, t_quantile, tally,
                                   whole_split_value)
 
@@ -141,6 +141,14 @@ def test_exact_values():
     assert v.verdict == UNRESOLVED and v.estimate is None and v.n is None and not v.provisional
     with pytest.raises(ValueError):
         decide_exact(half, float("inf"))
+
+
+def test_not_testable_by_reason():
+    v = not_testable(claim("higher"), "no model reaches the 80 % that defines the transition")
+    assert v.verdict == NOT_TESTABLE and v.estimate is None and math.isnan(v.value)
+    assert claims_table([v]).rows[0]["ours"].startswith("no model reaches")
+    with pytest.raises(ValueError):
+        not_testable(claim("higher"), " ")
 
 
 def test_claim_validation():

@@ -477,6 +477,32 @@ for _name, _model, _what in (
                                 log_interval=50)})))
 
 
+# The same four models where greedy decoding learns on a CPU (the hard settings above stay for the
+# gpu presets): L = 5 and 1200 steps at lr 3e-3. With the lis-* cpu preset (L = 10, 600 steps) the
+# models predict the answer after the true chain but generate dp_i = i, below the trivial
+# predictor's 29 % (the most frequent answer, cemlib.train.chance); here they pass it after a few
+# hundred steps. cpu preset only.
+def _cpu_only(name: str, data: str, cpu: dict) -> dict:
+    """Only a ``cpu`` preset (a setting sized for a CPU, with no GPU counterpart)."""
+    return {"cpu": _presets(name, data, cpu, cpu)["cpu"]}
+
+
+for _name, _model, _what in (
+        ("lis5-mha", {"attn": "mha"}, "standard multi-head attention with FFN"),
+        ("lis5-mha2nd1st", {"attn": "mha2nd1st"}, "first-order Newton attention MHA2nd1st with FFN"),
+        ("lis5-mha-only", {"attn": "mha", "ffn": False}, "standard attention only (no FFN)"),
+        ("lis5-mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)")):
+    register(Experiment(
+        _name, f"LIS with the DP chain at L = 5, a CPU setting where greedy decoding learns: {_what}",
+        _build_newton,
+        _cpu_only(_name, "lis",
+                  {"model": {"d_model": 64, "n_layers": 3, "n_heads": 4, **_model},
+                   "task": {"L": 5, "n_train": 8000, "n_test": 300, "val_fraction": 0.05},
+                   "optim": dict(lr=3e-3, beta2=0.999, weight_decay=0.01, warmup_steps=30, min_lr_ratio=0.1),
+                   "train": dict(max_steps=1200, batch_size=64, eval_interval=200, eval_batches=4,
+                                 log_interval=10)})))
+
+
 # ------------------------------------------------------------------------------ Hyper-SET (Sudoku, digits)
 def _build_recurrent(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.hyperset import HyperSETModel

@@ -56,7 +56,7 @@ import numpy as np
 from scipy import stats
 
 __all__ = ["LEVEL", "MIN_SEEDS", "KINDS", "VERDICTS", "Claim", "Estimate", "Chance", "Verdict",
-           "Comparison", "t_quantile", "t_interval", "paired", "decide", "decide_exact", "compare",
+           "Comparison", "t_quantile", "t_interval", "paired", "decide", "decide_exact", "not_testable", "compare",
            "whole_split_value", "seed_values", "per_seed_optimum", "ClaimsTable", "claims_table",
            "tally", "sampling_margin", "load_runs", "PairedDifference", "paired_difference"]
 
@@ -279,6 +279,15 @@ def decide_exact(claim: Claim, value: float) -> Verdict:
                                                                                  "the value equals"), None)
 
 
+def not_testable(claim: Claim, reason: str) -> Verdict:
+    """The verdict when our runs cannot reach the regime a claim is about (its own threshold is never
+    reached, the quantity it speaks of does not exist at this budget): *not testable at this
+    budget*, with the reason, and no interval."""
+    if not reason.strip():
+        raise ValueError("say why the claim cannot be tested")
+    return Verdict(claim, NOT_TESTABLE, None, math.nan, reason, None)
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Two models compared without a claim (a benchmark table): the interval of ``a - b`` and what it
@@ -422,7 +431,9 @@ def _fmt(x: float, digits: int) -> str:
 
 def _row(v: Verdict, digits: int) -> dict[str, str]:
     c = v.claim
-    if v.estimate is None:
+    if v.estimate is None and math.isnan(v.value):
+        ours = v.reason
+    elif v.estimate is None:
         ours = f"{v.value:.{digits}f} (computed)"
     else:
         e = v.estimate
