@@ -278,3 +278,24 @@ def test_load_runs_keys_experiments_and_grid_points_apart(tmp_path):
     assert seed_values(runs["shakespeare-cem-t2"], "loss") == pytest.approx({0: 1.8, 1: 1.9})
     with pytest.raises(FileNotFoundError):
         load_runs(tmp_path / "empty")
+
+
+def test_hand_made_verdicts_are_found_and_the_rules_are_not():
+    from cemlib.train.verdict import hand_made_verdicts
+    bad = """
+verdict = "agree" if delta <= small else "disagree"
+print(f"{'agree' if ok else 'disagree'}")
+rows = [("claim 9", "ours", "Fig. 3", "not resolvable (600 steps)")]
+%matplotlib inline
+print("claim 1 (Lemma 1): the Boltzmann distribution minimises F  ->  agree")
+"""
+    found = hand_made_verdicts(bad)
+    assert [text for _, text in found] == ["agree", "disagree", "agree", "disagree", "not resolvable (600 steps)",
+                                           "claim 1 (Lemma 1): the Boltzmann distribution minimises F  ->  agree"]
+    assert [line for line, _ in found] == [2, 2, 3, 3, 4, 6]
+    good = """
+v = decide(claim, a, b)
+assert v.verdict == "agree" and tally([v])["agree"] == 1
+print("live and stored agree to within 1e-3")
+"""
+    assert hand_made_verdicts(good) == []

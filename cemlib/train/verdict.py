@@ -58,7 +58,7 @@ from scipy import stats
 __all__ = ["LEVEL", "MIN_SEEDS", "KINDS", "VERDICTS", "Claim", "Estimate", "Chance", "Verdict",
            "Comparison", "t_quantile", "t_interval", "paired", "decide", "decide_exact", "not_testable", "compare",
            "whole_split_value", "seed_values", "per_seed_optimum", "ClaimsTable", "claims_table",
-           "tally", "sampling_margin", "load_runs", "PairedDifference", "paired_difference"]
+           "tally", "sampling_margin", "load_runs", "hand_made_verdicts", "PairedDifference", "paired_difference"]
 
 LEVEL = 0.95
 MIN_SEEDS = 5
@@ -518,3 +518,31 @@ def paired_difference(a, b) -> PairedDifference:
     if d.ndim != 1 or len(d) < 2:
         raise ValueError(f"need two equal-length 1-D sequences of at least 2 seeds, got shape {d.shape}")
     return PairedDifference(float(d.mean()), float(d.std(ddof=1)), len(d))
+
+
+# ------------------------------------------------------------------------------ checking a chapter
+_WORDS = r"(agree|agrees|disagree|disagrees|unresolved|not resolvable|resolved|not testable|not yet measured|" \
+         r"established|within noise)"
+_VERDICT_WORDS = re.compile(rf"^\s*{_WORDS}\b|(->|=>)\s*(the paper's .*)?{_WORDS}\b", re.I)
+
+
+def hand_made_verdicts(source: str) -> list[tuple[int, str]]:
+    """The places in Python ``source`` (a notebook cell; IPython magics are skipped) that write a
+    verdict by hand instead of taking it from :func:`decide`: a string constant that *starts* with a
+    verdict word ("agree", "disagree (erratum)", "not resolvable at 600 steps", ...) or announces one
+    after an arrow ("claim 1: ...  ->  agree"), except where it
+    is compared with something or used as a key (``v.verdict == "agree"``, ``tally(vs)["agree"]`` read
+    the rule's answer). Returns
+    ``(line, text)`` pairs."""
+    import ast
+    lines = [re.sub(r"^(\s*)[%!].*", r"\1pass", line) for line in source.splitlines()]
+    tree = ast.parse("\n".join(lines))
+    compared = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                for c in [node.left, *node.comparators]}
+    compared |= {id(node.slice) for node in ast.walk(tree) if isinstance(node, ast.Subscript)}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in compared
+                and _VERDICT_WORDS.search(node.value)):
+            found.append((node.lineno, node.value))
+    return sorted(found)
