@@ -2,8 +2,9 @@
 
 For every energy model of the benchmark (CEM, NRGPT, Newton attention, Hyper-SET; Llama and GPT
 have no energy) this script loads the seed-0 checkpoint of the benchmark run, checks that the run is
-the stored one (its final metrics equal those of the stored seed-0 results file: bit for bit on the
-CPU that wrote it, to a relative 1e-2 on another), and
+the stored one (its final metrics equal those of the stored seed-0 results file bit for bit on a CPU
+of the kind that wrote it; on another CPU, whose BLAS rounds differently, the re-trained run differs a
+little, and the file records by how much), and
 records with :func:`cemlib.models.probes.energy_along_depth`, in float64, each energy step's own
 per-token energy before and after the step: the mean over the inputs' tokens, the fraction of
 tokens whose energy the step lowers, and, for the weight-shared models, the trajectory continued
@@ -39,9 +40,11 @@ from cemlib.train.results import environment_info, git_commit
 from cemlib.train.sweep import run_name
 
 SEED = ("train.seed=0",)
-# the re-trained run must be the stored one: bit for bit on the machine that wrote it; on another CPU (another
-# BLAS rounds differently) the final metrics agree to about 1e-3, which NRGPT's recurrence amplifies to 2e-3
-RTOL = 1e-2
+# A re-trained checkpoint is the stored run bit for bit on a CPU of the kind that wrote it. Another CPU
+# (another BLAS) rounds differently and training amplifies it: the final metrics of the benchmark runs
+# then move by 1e-3 (Shakespeare) to 4e-2 (ListOps accuracy, a few test examples). The script records the
+# difference; it refuses a checkpoint that is not the stored run at all (beyond OTHER_CPU_RTOL).
+OTHER_CPU_RTOL = 0.1
 QUANTILES = (0.1, 0.5, 0.9)  # of the step ratio |dx| / |x| over the tokens
 BASELINES = ("llama", "gpt")  # no energy
 
@@ -71,12 +74,15 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
         assert isinstance(model, ENERGY_MODELS), experiment
         ckpt, run = _checkpoint(experiment, preset, runs)
         ref = stored / f"bench_{task_name}_{preset}" / f"{run_name(experiment, (), 0)}.json"
-        ref_final = load_results(ref)["metrics"]["final"] if ref.exists() else None
+        ref_run = load_results(ref) if ref.exists() else None
+        ref_final = None if ref_run is None else ref_run["metrics"]["final"]
         gap = None if ref_final is None else max(abs(run["metrics"]["final"][k] - v) / abs(v)
                                                   for k, v in ref_final.items())
-        if gap is not None and gap > RTOL:
+        same_cpu = ref_run is not None and ref_run["device"]["name"] == run["device"]["name"]
+        if gap is not None and gap > (0.0 if same_cpu else OTHER_CPU_RTOL):
             raise SystemExit(f"{experiment}: the checkpoint's run does not reproduce the stored {ref.name} "
-                             f"(largest relative difference of a final metric {gap:.1e} > {RTOL:g})")
+                             f"(largest relative difference of a final metric {gap:.1e}, "
+                             f"{'same' if same_cpu else 'another'} CPU)")
         model.load_state_dict(load_checkpoint(ckpt)["model"])
         model = model.double().eval()
         if inputs is None:
@@ -85,7 +91,9 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
         row = {"experiment": experiment, "model_class": type(model).__name__,
                "num_parameters": run["num_parameters"], "final_metrics": run["metrics"]["final"],
                "matches_stored": ref_final is not None, "stored_final_metrics": ref_final,
-               "max_rel_diff_to_stored": gap, "labels": list(rec.labels),
+               "max_rel_diff_to_stored": gap, "same_cpu_as_stored": same_cpu,
+               "stored_device": None if ref_run is None else ref_run["device"]["name"],
+               "labels": list(rec.labels),
                "one_energy": rec.one_energy,
                "before_mean": rec.before.mean((1, 2)).tolist(), "after_mean": rec.after.mean((1, 2)).tolist(),
                "change_mean": rec.change.mean((1, 2)).tolist(),
