@@ -20,8 +20,12 @@ Fields of :class:`Erratum`:
 - ``chapter`` / ``label``: the book chapter that discusses it (file name without suffix) and the
   MyST target of its erratum there (both empty when no chapter does).
 - ``tests``: ids of ``cemlib`` unit tests that also show it, ``"test_file.py::test_function"``.
-- ``status``: ``"error"``, or ``"not an error"`` for items that turned out not to be errors or that
-  an earlier reading of ours overstated (listed on the page with why).
+- ``status``: one of :data:`STATUS`: ``"error"`` (something printed is false); ``"ambiguity"`` (the text
+  admits more than one reading, is inconsistent in notation only, or leaves out what a reader needs to
+  reproduce it, without printing anything false); ``"stated choice"`` (the authors say it is a choice:
+  a surrogate, an example, a convention; we record what it implies); ``"not an error"`` (an item that
+  looks like an error, or that an earlier reading of ours overstated).
+- ``why``: for an ambiguity or a stated choice, why it is not an error (the page shows it).
 """
 
 from __future__ import annotations
@@ -44,7 +48,16 @@ EVIDENCE = {
     "reading": "nothing to compute: notation, wording, typesetting or reporting",
 }
 
-STATUS = ("error", "not an error")
+STATUS = ("error", "ambiguity", "stated choice", "not an error")
+#: what each status means, as the page says it
+STATUS_TEXT = {
+    "error": "something printed is false",
+    "ambiguity": "the text admits more than one reading, changes its notation, or leaves out what a reader "
+                 "needs to reproduce it, without printing anything false",
+    "stated choice": "the authors say it is a choice (a surrogate, an example, a convention); we record what "
+                     "the choice implies",
+    "not an error": "it looks like an error, or an earlier reading of ours called it one, and it is not",
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,13 @@ class Erratum:
     label: str = ""
     tests: tuple[str, ...] = ()
     status: str = "error"
+    why: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUS:
+            raise ValueError(f"{self.id}: status must be one of {STATUS}, got {self.status!r}")
+        if self.status in ("ambiguity", "stated choice") and not self.why.strip():
+            raise ValueError(f"{self.id}: an {self.status} needs its why (why it is not an error)")
 
     @property
     def family(self) -> str:
@@ -115,7 +135,11 @@ ERRATA: tuple[Erratum, ...] = (
        r"ALiBi's rule is $m_k=2^{-8k/K}$; it equals $2^{-k}$ only for $K=8$ (the paper's models have $K=12$)",
        "measured", "the two rules compared for $K=4,6,8,12$",
        version="both", chapter="ch02_attention_gradient_step", label="ch02-erratum-alibi-slopes",
-       tests=("test_attention_gradient_step.py::test_geometric_slopes_are_two_to_minus_8k_over_K_for_every_K",)),
+       tests=("test_attention_gradient_step.py::test_geometric_slopes_are_two_to_minus_8k_over_K_for_every_K",),
+       status="ambiguity",
+       why="the paper gives $2^{-k}$ as an example (“e.g.”) of a geometric sequence, not as its rule; the "
+           "example and ALiBi's rule differ for its $K=12$ models, and the paper does not say which slopes "
+           "it used"),
     _e("cem-rope-memory", _CEM, "App. B",
        r"with RoPE “the value projection effectively becomes query-dependent”, which “substantially "
        r"increases memory costs”",
@@ -185,12 +209,18 @@ ERRATA: tuple[Erratum, ...] = (
        "FLOPs are reported “per forward pass”",
        "per forward pass of **100 inputs**: one input costs about 1/100 of the printed numbers",
        "measured", "Table 3's slope in $T$ divided by one CEM step of one input is 100",
-       version="ICLR", chapter="ch06_recursion_regression", label="ch06-erratum-flops-batch"),
+       version="ICLR", chapter="ch06_recursion_regression", label="ch06-erratum-flops-batch",
+       status="ambiguity",
+       why="“per forward pass” is true of a pass over a batch; the caption leaves out the batch size (100), "
+           "which the numbers imply"),
     _e("cem-effective-batch", _CEMI, "Table 2 and App. D",
        "8 sequences per GPU, gradient accumulation 4, 8 A100 GPUs, effective batch 128",
        "$8\\times4\\times8=256$; an effective batch of 128 needs 4 GPUs per run (or another per-GPU batch)",
        "measured", "the product of the paper's own numbers",
-       version="ICLR", chapter="ch05_cem_transformer", label="ch05-erratum-effective-batch"),
+       version="ICLR", chapter="ch05_cem_transformer", label="ch05-erratum-effective-batch",
+       status="ambiguity",
+       why="App. D says the experiments ran on “a cluster of 8 A100 GPUs”, not that each run used all eight;"
+           " with 4 GPUs per run the three numbers agree. The GPUs per run are not stated"),
     _e("cem-fig4-settings", _CEMI, "Fig. 4 caption",
        "“under three settings”, then lists two",
        "two settings (the arXiv caption)",
@@ -222,10 +252,14 @@ ERRATA: tuple[Erratum, ...] = (
     # ------------------------------------------------------------------ NRGPT
     _e("nrgpt-rows-columns", _NR, "§1 vs §2",
        r"$\mathbf x$ is $N\times D$ in §1 and $D\times N$ in §2", "one convention (cemlib: rows)",
-       "reading", "notation only"),
+       "reading", "notation only",
+       status="ambiguity",
+       why="a change of convention between sections; each section is consistent in itself"),
     _e("nrgpt-beta-clash", _NR, "eq. 26, App. E.2",
        r"the normalisation gain/bias is called $\beta$, like the inverse temperature",
-       "two symbols (cemlib: `gain`/`bias` and `beta`)", "reading", "notation only"),
+       "two symbols (cemlib: `gain`/`bias` and `beta`)", "reading", "notation only",
+       status="ambiguity",
+       why="one symbol for two quantities, told apart by their context; nothing printed is false"),
     _e("nrgpt-eq4-residual", _NR, "§2, eq. 4",
        r"$\mathbf x^{(t+1)}=\mathbf x^{(t)}+\mathrm{FF}[\mathrm{LN}(\mathbf x^{(t)}+\mathrm{AT}(\mathrm{LN}\,\mathbf x^{(t)}))]$",
        r"$\mathbf x'=\mathbf x+\mathrm{AT}(\mathrm{LN}_1\mathbf x)$, $\mathbf x''=\mathbf x'+\mathrm{FF}(\mathrm{LN}_2\mathbf x')$: "
@@ -235,7 +269,10 @@ ERRATA: tuple[Erratum, ...] = (
        tests=("test_nrgpt_paper_errors.py::test_eq4_as_printed_drops_the_attention_residual",)),
     _e("nrgpt-eq3-alpha", _NR, "§2 eq. 3 vs §2.1 eq. 11",
        r"eq. 3 has no head weights $\alpha_h$, eq. 11 has", r"eq. 3 is eq. 11 at $\alpha_h=1$",
-       "reading", "a notational inconsistency", chapter="ch07_nrgpt", label="ch07-erratum-eq3"),
+       "reading", "a notational inconsistency", chapter="ch07_nrgpt", label="ch07-erratum-eq3",
+       status="ambiguity",
+       why=r"eq. 3 is the special case $\alpha_h=1$ of eq. 11: the notation changes between sections, nothing"
+           r" printed is false"),
     _e("nrgpt-eq3-ff-sum", _NR, "§2, eq. 3",
        r"the per-token $E_A$ contains $\sum_B$ of the feed-forward energy over all tokens",
        r"the term $B=A$ only: same gradient with respect to $\mathbf g_A$, different value of $E_A$",
@@ -247,14 +284,21 @@ ERRATA: tuple[Erratum, ...] = (
        r"a convention is needed; cemlib (and the authors' code) set $E^{\rm AT}_1=0$",
        "counterexample", "the literal energy is infinite, cemlib's is 0 and finite elsewhere",
        chapter="ch07_nrgpt", label="ch07-erratum-eq3",
-       tests=("test_paper_errors_nrgpt.py::test_eq3_strict_mask_literal_first_token_energy_is_infinite",)),
+       tests=("test_paper_errors_nrgpt.py::test_eq3_strict_mask_literal_first_token_energy_is_infinite",),
+       status="ambiguity",
+       why=r"the strict mask leaves the first token's energy undefined ($-\frac1\beta\log0$); the paper "
+           r"states no convention for it, and any finite value leaves every gradient unchanged"),
     _e("nrgpt-param-shapes", _NR, "§2.1 eq. 8 vs App. D",
        r"eq. 8 defines $\mathbf J_h=\mathbf W^{K\top}_h\mathbf W^Q_h$ (rank $\le Y$); App. D uses a full $D\times D$ "
        r"$\mathbf J_h$ per head",
        r"with full $\mathbf J_h$ the attention weights are $H(D^2+1)$ and grow with the number of heads (GPT's do "
        r"not); the authors' code also has no $\alpha_h$ and no $1/\sqrt Y$",
        "measured", "parameter counts for 1 and 4 heads",
-       tests=("test_nrgpt_models.py::test_num_parameters_and_nrgpt_growth_with_heads",)),
+       tests=("test_nrgpt_models.py::test_num_parameters_and_nrgpt_growth_with_heads",),
+       status="stated choice",
+       why=r"App. D says that its implementation uses a full $D\times D$ $\mathbf J_h$ per head, “a "
+           r"convention that can be easily adapted” to narrow heads; the entry records the parameter counts "
+           r"that choice implies"),
     _e("nrgpt-ff1-gelu", _NR, "§3 (model variants), App. D",
        "FF1 is “eq. 14 with GELU”",
        r"FF1 $=-\lVert\sigma(\mathbf W\mathbf g)\rVert^2$ induces the activation $2\sigma\sigma'$, not $\sigma$",
@@ -294,9 +338,12 @@ ERRATA: tuple[Erratum, ...] = (
        chapter="ch07_nrgpt", label="ch07-erratum-descent-proof",
        tests=("test_nrgpt_paper_errors.py::test_transpose_in_eqs_32_35_matters_for_x_dependent_eta",)),
     _e("nrgpt-eq37", _NR, "App. E.1, eq. 37",
-       r"$\dots=\dot{\mathbf x}^\top\boldsymbol\eta^{-1}\mathbf P\dot{\mathbf x}$",
-       r"$-\mathbf v^\top\mathbf P\boldsymbol\eta\mathbf v=-\dot{\mathbf x}^\top\boldsymbol\eta^{-\top}\mathbf P\dot{\mathbf x}$: "
-       "a minus sign and $\\boldsymbol\\eta^{-\\top}$",
+       r"$\dot E_A=\big(\frac{\partial E_A}{\partial\mathbf g_A}\big)^\top\mathbf P_A\boldsymbol\eta\,"
+       r"\frac{\partial E_A}{\partial\mathbf g_A}=-\dot{\mathbf x}_A^\top\boldsymbol\eta^{-1}\mathbf P_A\dot{\mathbf x}_A$",
+       r"$-\big(\frac{\partial E_A}{\partial\mathbf g_A}\big)^\top\mathbf P_A\boldsymbol\eta\,"
+       r"\frac{\partial E_A}{\partial\mathbf g_A}=-\dot{\mathbf x}_A^\top\boldsymbol\eta^{-\top}\mathbf P_A\dot{\mathbf x}_A$: "
+       r"the middle expression needs the minus sign the right-hand side has, and $\boldsymbol\eta^{-1}$ must be "
+       r"$\boldsymbol\eta^{-\top}$ (the same only for a symmetric $\boldsymbol\eta$)",
        "counterexample", "both sides for a non-symmetric $\\boldsymbol\\eta$",
        chapter="ch07_nrgpt", label="ch07-erratum-descent-proof",
        tests=("test_nrgpt_paper_errors.py::test_eq37_needs_a_minus_sign_and_eta_inverse_transpose",)),
@@ -378,7 +425,10 @@ ERRATA: tuple[Erratum, ...] = (
     _e("nrgpt-listops-modulus", _NR, "§3.2, App. F.3",
        "ListOps SUM modulo 20 over the digits 0–19", "the authors' released data use modulo 10",
        "reading", "a data-description discrepancy", chapter="ch07_nrgpt", label="ch07-note-listops-modulus",
-       tests=("test_data_listops.py::test_answers_match_independent_evaluator",)),
+       tests=("test_data_listops.py::test_answers_match_independent_evaluator",),
+       status="ambiguity",
+       why="the paper and the authors' released data disagree; which one the reported runs used cannot be "
+           "told from the paper"),
     _e("nrgpt-m-transpose", _NR, "§2.1",
        r"“$\mathbf M=\mathbf W^2$”", r"$\mathbf W^{2\top}$ (eq. 15 itself is consistent)", "reading", "a typo"),
     _e("nrgpt-table-slips", _NR, "Tables 4, 5, 7; App. F.4",
@@ -406,7 +456,9 @@ ERRATA: tuple[Erratum, ...] = (
        chapter="ch07_nrgpt", label="ch07-erratum-energy-bounds", status="not an error"),
     # ------------------------------------------------------------------ intrinsic optimizers
     _e("io-e-two-roles", _IO, "§2, §2.2", r"$E$ is both the classification head and the energy",
-       "two symbols", "reading", "notation only"),
+       "two symbols", "reading", "notation only",
+       status="ambiguity",
+       why="one symbol for two quantities, told apart by their context; nothing printed is false"),
     _e("io-lemma1-log", _IO, "App. A.2, eq. 12 (Lemma 1 / Lemma 3)",
        r"$F^*=-T\log Z=-T\sum_ie^{-E_i/T}$", r"$F^*=-T\log\sum_ie^{-E_i/T}$",
        "counterexample", "the printed value is not the minimum of $F$; with the log it is",
@@ -548,13 +600,21 @@ ERRATA: tuple[Erratum, ...] = (
        "it gives a log-sum-exp: the softmax feed-forward energy (Table 20), whose gradient is not the ReLU one",
        "symbolic", "the mixture's negative log-likelihood equals the softmax FF energy plus a constant",
        tests=("test_paper_errors_hyperset.py::test_vmf_mixture_alignment_is_the_softmax_ff_not_relu_squared",),
-       chapter="ch09_hyperset", label="ch09-erratum-vmf"),
+       chapter="ch09_hyperset", label="ch09-erratum-vmf",
+       status="stated choice",
+       why=r"the paper calls $E_{\rm FF}$ “one surrogate function” for the alignment term; it does not claim "
+           r"that the vMF mixture gives it. The entry records what the mixture itself gives: the softmax "
+           r"feed-forward energy, whose gradient is not the ReLU one"),
     _e("hs-radius", _HS, "Assumption 2 (App. A) vs eq. 4 (§4.1)",
        r"tokens on $S^{p-1}$ (Assumption 2) and on the sphere of radius $\sqrt p$ (eq. 4)",
        r"one radius; the radius is a temperature change: on the unit sphere the same energy has $\beta=\sqrt p$, not $1/\sqrt p$",
        "symbolic", "$E(\\mathbf z;\\beta)=p\\,E(\\mathbf u;\\beta p)$ and the softmax weights",
        tests=("test_paper_errors_hyperset.py::test_radius_sqrt_p_is_a_temperature_change_not_only_a_scale",),
-       chapter="ch09_hyperset", label="ch09-erratum-radius"),
+       chapter="ch09_hyperset", label="ch09-erratum-radius",
+       status="ambiguity",
+       why=r"the constraint is stated twice, on the unit sphere (Assumption 2) and on the sphere of radius "
+           r"$\sqrt p$ (eq. 4); the two readings are reconciled by a change of temperature, which the paper "
+           r"does not state"),
     _e("hs-no-projection", _HS, "§4.1, eq. 6; §4.2.1, eq. 9",
        r"the tokens satisfy the norm constraints of eq. 6",
        r"nothing projects $\mathbf X$ onto them: eq. 9 is not a Riemannian step, the updated tokens leave the constraint set",
@@ -608,14 +668,23 @@ ERRATA: tuple[Erratum, ...] = (
     _e("hs-kl-term", _HS, "App. A", r"$E_{\rm ATTN}$ represents the KL term",
        "no argument is given; the measurable effect (tokens spread in each subspace) holds",
        "reading", "a missing argument",
-       tests=("test_metrics.py::test_energy_per_iteration_and_subspace_separation_under_gradient_flow",)),
+       tests=("test_metrics.py::test_energy_per_iteration_and_subspace_separation_under_gradient_flow",),
+       status="stated choice",
+       why=r"the paper calls $E_{\rm ATTN}$ “a surrogate of the uniformity measure”, not the KL term itself"),
     _e("hs-h-symbol", _HS, "App. G.1", "$h$ is a head index and a scalar function", "two symbols",
-       "reading", "notation only"),
+       "reading", "notation only",
+       status="ambiguity",
+       why="one symbol for two quantities, told apart by their context; nothing printed is false"),
     _e("hs-cifar10", _HS, "§5.5, Table 4", "25.81% (CIFAR-10) beside 57.92% (CIFAR-100)",
        "only the authors' run can confirm or correct it (a typo or a diverged run)", "reading",
-       "a reported training result"),
+       "a reported training result",
+       status="ambiguity",
+       why="an unexplained reported number, not a demonstrated error: only the authors' run can settle it"),
     _e("hs-relu-gelu", _HS, "§5.5", "the “Ours” row uses ReLU", "the code uses GELU (cemlib follows the paper)",
-       "reading", "a paper/code discrepancy"),
+       "reading", "a paper/code discrepancy",
+       status="ambiguity",
+       why="the paper and the released code disagree; which one the reported runs used cannot be told from "
+           "the paper"),
     # Hyper-SET: not errors
     _e("hs-elbo", _HS, "eq. 1, App. A, eq. 14", "the factorisation of eq. 14",
        "neither MLE nor an ELBO, but a modelling choice; the KL algebra, the only computation, is correct",
@@ -649,15 +718,17 @@ def by_id(entry_id: str) -> Erratum:
 
 
 def counts() -> dict[str, dict[str, int]]:
-    """Per paper family: errors listed, of which computable (proved in a cell of the appendix), and
-    items that are not errors."""
+    """Per paper family: errors listed, of which computable (proved in a cell of the appendix) and
+    reading only; ambiguities; stated choices; items that are not errors."""
     out = {}
     for fam in PAPERS:
         es = [e for e in ERRATA if e.family == fam]
         err = [e for e in es if e.status == "error"]
         out[fam] = {"errors": len(err), "proved": sum(e.computable for e in err),
                     "reading": sum(not e.computable for e in err),
-                    "not_errors": len(es) - len(err)}
+                    "ambiguities": sum(e.status == "ambiguity" for e in es),
+                    "choices": sum(e.status == "stated choice" for e in es),
+                    "not_errors": sum(e.status == "not an error" for e in es)}
     return out
 
 
@@ -682,13 +753,15 @@ def where_discussed(e: Erratum) -> str:
 def markdown_card(e: Erratum, proved_here: bool) -> str:
     """One entry as a short MyST markdown block."""
     head = f"**`{e.id}`** · {_paper_label(e)} · {e.where} · evidence: *{e.evidence}*"
-    lines = [head, f"*Printed:* {e.printed}", f"*Correct:* {e.correct}"]
+    lines = [head, f"*Printed:* {e.printed}", f"*{'Correct' if e.status == 'error' else 'Our reading'}:* {e.correct}"]
     how = f"*How we know:* {e.how}"
     if proved_here:
         how += " (checked in the cell above)."
     elif not e.computable:
         how += " (nothing to compute)."
     lines.append(how)
+    if e.status != "error":
+        lines.append(f"*Status:* {e.status}" + (f"; {e.why}." if e.why else "."))
     extra = []
     if e.chapter:
         extra.append(f"Discussed in {where_discussed(e)}.")
@@ -697,6 +770,16 @@ def markdown_card(e: Erratum, proved_here: bool) -> str:
     if extra:
         lines.append(" ".join(extra))
     return "  \n".join(lines)
+
+
+def markdown_reasons(entries) -> str:
+    """The ambiguities and stated choices among ``entries`` as a table: id, paper, where, status, and
+    why it is not an error."""
+    rows = ["| id | paper | where | status | why it is not an error |", "|---|---|---|---|---|"]
+    for e in entries:
+        if e.status in ("ambiguity", "stated choice"):
+            rows.append(f"| `{e.id}` | {_paper_label(e)} | {e.where} | {e.status} | {e.why} |")
+    return "\n".join(rows)
 
 
 def markdown_table(entries) -> str:

@@ -224,3 +224,31 @@ def test_a_set_of_ones_own_is_read_and_checked(tmp_path, shipped):
         load_sudoku(tmp_path / "nosplit.npz")
     with pytest.raises(IsADirectoryError, match="is a folder"):
         load_sudoku(tmp_path)
+
+
+def test_with_blanks_makes_easier_puzzles_with_the_same_solutions(shipped):
+    hard = shipped.test
+    easy = hard.with_blanks(10, seed=3)
+    assert torch.equal(easy.solution, hard.solution)
+    assert ((easy.puzzle == 0).sum(1) == 10).all()                       # every hard puzzle has > 10 blanks
+    filled = (hard.puzzle == 0) & (easy.puzzle > 0)
+    assert torch.equal(easy.puzzle[filled], hard.solution[filled])         # filled from the solution
+    assert torch.equal(easy.puzzle[hard.puzzle > 0], hard.puzzle[hard.puzzle > 0])   # givens kept
+    assert torch.equal(easy.puzzle, hard.with_blanks(10, seed=3).puzzle)  # seeded
+    assert not torch.equal(easy.puzzle, hard.with_blanks(10, seed=4).puzzle)
+    assert all(count_solutions(easy.puzzle[i].tolist()) == 1 for i in range(5))
+    assert torch.equal(hard.with_blanks(81).puzzle, hard.puzzle)           # more blanks than any puzzle has
+    with pytest.raises(ValueError):
+        hard.with_blanks(0)
+
+
+def test_sudoku_task_blanks_option():
+    from cemlib.train import ConfigError, get_config
+    from cemlib.train.task_data import make_task
+    cfg = get_config("sudoku-hyperset", "cpu", ["task.blanks=12", "task.n_train=50", "task.n_test=20"])
+    task = make_task(cfg)
+    for split in ("train", "val", "test"):
+        x, y, mask = task.splits[split].tensors
+        assert (mask.sum(1) == 12).all() and torch.equal(mask, x == 0)
+    with pytest.raises(ConfigError, match="task.blanks"):
+        make_task(get_config("sudoku-hyperset", "cpu", ["task.blanks=0"]))

@@ -97,7 +97,7 @@ def test_page_does_not_point_into_the_test_folder():
 
 def test_counts_and_rendering():
     c = errata.counts()
-    assert sum(n["errors"] + n["not_errors"] for n in c.values()) == len(ERRATA)
+    assert sum(n["errors"] + n["ambiguities"] + n["choices"] + n["not_errors"] for n in c.values()) == len(ERRATA)
     assert all(n["errors"] == n["proved"] + n["reading"] for n in c.values())
     e = errata.by_id("nrgpt-eq24")
     card = errata.markdown_card(e, proved_here=True)
@@ -107,3 +107,27 @@ def test_counts_and_rendering():
     assert table.count("\n") == len(ERRATA) + 1
     with pytest.raises(KeyError):
         errata.by_id("no-such-entry")
+
+
+def test_ambiguities_and_choices_are_separate_and_say_why():
+    others = [e for e in ERRATA if e.status in ("ambiguity", "stated choice")]
+    # the four the issue names, at least, are not errors
+    assert {"cem-alibi-slopes", "cem-effective-batch", "hs-vmf-relu", "hs-radius"} <= {e.id for e in others}
+    assert all(e.why.strip() for e in others)
+    table = errata.markdown_reasons(ERRATA)
+    assert table.count("\n") == len(others) + 1 and "`hs-radius`" in table and "`nrgpt-eq24`" not in table
+    card = errata.markdown_card(errata.by_id("hs-vmf-relu"), proved_here=True)
+    assert "*Status:* stated choice" in card and "*Our reading:*" in card
+    assert "*Correct:*" in errata.markdown_card(errata.by_id("nrgpt-eq24"), proved_here=True)
+    with pytest.raises(ValueError, match="needs its why"):
+        errata.Erratum("x-y", "nrgpt2025", "§1", "p", "c", "reading", "h", status="ambiguity")
+    with pytest.raises(ValueError, match="status"):
+        errata.Erratum("x-y", "nrgpt2025", "§1", "p", "c", "reading", "h", status="typo")
+
+
+def test_eq37_card_quotes_what_the_paper_prints():
+    # the paper prints the right-hand side with its minus sign; the middle expression lacks one
+    e = errata.by_id("nrgpt-eq37")
+    assert "=-\\dot{\\mathbf x}_A^\\top\\boldsymbol\\eta^{-1}" in e.printed
+    assert e.printed.count("-") == e.printed.count("-\\dot") + e.printed.count("^{-1}")   # no other minus
+    assert e.correct.startswith("$-\\big(") and "\\eta^{-\\top}" in e.correct

@@ -328,6 +328,23 @@ class SudokuDataset(Dataset):
         """Number of givens per puzzle, int64 ``(N,)``."""
         return (self.puzzle > 0).sum(1)
 
+    def with_blanks(self, blanks: int, seed: int = 0) -> "SudokuDataset":
+        """An easier set with the same solutions: each puzzle keeps ``blanks`` of its blank cells (a
+        seeded random choice, puzzle by puzzle) and the others are filled in from its solution. A
+        puzzle with fewer blanks than ``blanks`` is kept as it is. Filling cells of a puzzle with a
+        unique solution keeps the solution unique, so every easier puzzle is a valid Sudoku."""
+        check_positive_int(blanks, "blanks")
+        if blanks > 81:
+            raise ValueError(f"blanks must be at most 81, got {blanks}")
+        rng = np.random.default_rng([seed, 81])
+        puzzle = self.puzzle.clone()
+        for i in range(len(puzzle)):
+            empty = torch.nonzero(puzzle[i] == 0).flatten().numpy()
+            if len(empty) > blanks:
+                fill = rng.permutation(empty)[blanks:]
+                puzzle[i, fill] = self.solution[i, fill]
+        return SudokuDataset(puzzle, self.solution)
+
 
 @dataclass
 class SudokuSplits:

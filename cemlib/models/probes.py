@@ -23,11 +23,23 @@ the energy that step is meant to descend, evaluated before and after it, per tok
 For the two weight-shared models (NRGPT, Hyper-SET) the steps descend one energy, so the records
 join into a trajectory (:meth:`DepthEnergies.trajectory`), and ``n_steps`` may run the block past
 its trained depth.
+
+Direction and overshoot. Whether a step lowers the energy mixes two questions: does the step point
+downhill, and is it short enough not to overshoot? :func:`energy_along_depth` answers them apart:
+``first_order`` is the directional derivative of the step's energy along the step,
+``d/ds E(x + s*dx) at s = 0`` per token (autograd, float64; negative where the step points
+downhill), next to ``change`` (the actual ``E(x + dx) - E(x)`` of the full step), and
+``step_ratio`` is the size of the step against the state it changes, ``|dx| / |x|`` per token.
+
+:func:`energy_along_recursion` follows one CEM layer's *within-layer* recursion instead (CEM eqs.
+16-17, Algorithm 1): the energy of the normalised state at every one of its ``T`` steps, per token,
+for chapter 4's descent theorem and its counterexamples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -41,7 +53,7 @@ from cemlib.models.newton_transformer import NewtonTransformer, causal_mha2nd1st
 from cemlib.models.nrgpt import NRGPTModel
 from cemlib.utils import check_positive_int
 
-__all__ = ["DepthEnergies", "energy_along_depth", "ENERGY_MODELS"]
+__all__ = ["DepthEnergies", "energy_along_depth", "ENERGY_MODELS", "RecursionEnergies", "energy_along_recursion"]
 
 #: the model classes :func:`energy_along_depth` accepts
 ENERGY_MODELS = (LanguageModel, NRGPTModel, NewtonTransformer, HyperSETModel)
@@ -53,18 +65,35 @@ class DepthEnergies:
 
     ``before[s]`` and ``after[s]`` (each ``(B, L)``) are step ``s``'s own energy at its input and
     at its output; ``labels[s]`` names the step. ``one_energy`` is true when every step descends the
-    same energy (a weight-shared model), so that ``after[s] == before[s + 1]``.
+    same energy (a weight-shared model), so that ``after[s] == before[s + 1]``. ``first_order[s]``
+    is the derivative of that energy along the step at its input (its sign is the step's direction:
+    negative is downhill), and ``step_ratio[s]`` the step's norm over its input state's norm, per
+    token.
     """
 
     labels: tuple[str, ...]
     before: torch.Tensor
     after: torch.Tensor
     one_energy: bool
+    first_order: torch.Tensor | None = None
+    step_ratio: torch.Tensor | None = None
 
     @property
     def change(self) -> torch.Tensor:
         """``after - before`` per step and token, ``(S, B, L)``: negative where the step descends."""
         return self.after - self.before
+
+    def direction_table(self, step: int) -> dict[str, float]:
+        """Step ``step``'s tokens split by direction (the sign of ``first_order``) and outcome (the
+        sign of ``change``): the fractions ``downhill_descends`` (a descent step that descends),
+        ``downhill_overshoots`` (points downhill, rises: too long), ``uphill_rises`` and
+        ``uphill_descends`` (points uphill, yet lower at the end); they sum to 1."""
+        if self.first_order is None:
+            raise ValueError("no first-order record: this DepthEnergies was built without it")
+        down, fell = self.first_order[step] < 0, self.change[step] < 0
+        frac = lambda m: float(m.double().mean())
+        return {"downhill_descends": frac(down & fell), "downhill_overshoots": frac(down & ~fell),
+                "uphill_rises": frac(~down & ~fell), "uphill_descends": frac(~down & fell)}
 
     def trajectory(self) -> torch.Tensor:
         """``E(x^(0)), ..., E(x^(S))``, shape ``(S + 1, B, L)`` (weight-shared models only)."""
@@ -86,7 +115,7 @@ def _cem_steps(module: nn.Module):
 
 
 def _language_model(model: LanguageModel, idx: torch.Tensor):
-    labels, before, after = [], [], []
+    steps = []
     x = model.tok_emb(idx)
     for i, block in enumerate(model.blocks, 1):
         for name, sub in (("attention", block.attn), ("MLP", block.mlp)):
@@ -97,18 +126,21 @@ def _language_model(model: LanguageModel, idx: torch.Tensor):
             for r in range(reps):
                 x1 = layer(x)
                 # the attention update holds the context at its input; the MLP's context is its input
-                before.append(layer.energy(x, x))
-                after.append(layer.energy(x1, x))
-                labels.append(f"layer {i} {name}" + (f" (use {r + 1})" if reps > 1 else ""))
+                energy = (lambda layer, ctx: lambda s: layer.energy(s, ctx))(layer, x)
+                steps.append((f"layer {i} {name}" + (f" (use {r + 1})" if reps > 1 else ""), energy, x, x1))
                 x = x1
-    if not labels:
+    if not steps:
         raise ValueError("this LanguageModel has no CEM sublayer, hence no energy to follow")
-    return labels, before, after, False
+    return steps, False
 
 
 def _nrgpt(model: NRGPTModel, idx: torch.Tensor, n_steps: int):
-    E = model.energy_trajectory(idx, n_steps)
-    return [f"step {t}" for t in range(1, n_steps + 1)], list(E[:-1]), list(E[1:]), True
+    x, steps = model.embed(idx), []
+    for t in range(1, n_steps + 1):            # the states of NRGPTModel.energy_trajectory
+        x1 = model.block(x)
+        steps.append((f"step {t}", model.block.energy, x, x1))
+        x = x1
+    return steps, True
 
 
 def _newton(model: NewtonTransformer, idx: torch.Tensor):
@@ -117,29 +149,41 @@ def _newton(model: NewtonTransformer, idx: torch.Tensor):
     L = idx.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=idx.device).tril()
     x = model.embed(idx)
-    labels, before, after = [], [], []
+    steps = []
     for i, blk in enumerate(model.blocks, 1):
         g = blk.ln1(x)
         u = causal_mha2nd1st_update(blk.attn, g)
         h = g.unsqueeze(-3)                                   # every token's particles: (B, 1, L, d)
-        before.append(blk.attn.energy(g, h, causal))
-        after.append(blk.attn.energy(g + u, h, causal))
-        labels.append(f"layer {i} attention")
+        energy = (lambda attn, h: lambda s: attn.energy(s, h, causal))(blk.attn, h)
+        steps.append((f"layer {i} attention", energy, g, g + u))
         x = blk(x)
-    return labels, before, after, False
+    return steps, False
 
 
 def _hyperset(model: HyperSETModel, x: torch.Tensor, n_steps: int):
     X0 = model.embed_inputs(x)
-    X, labels, before, after = X0, [], [], []
+    X, steps = X0, []
     for t in range(n_steps):
         tw = min(t, model.n_iter - 1)                         # past the trained depth: the last weights
         X1 = model.layer(X, t, X0)
-        before.append(sum(model.layer.energies(X, tw)))
-        after.append(sum(model.layer.energies(X1, tw)))
-        labels.append(f"iteration {t + 1}")
+        energy = (lambda tw: lambda s: sum(model.layer.energies(s, tw)))(tw)
+        steps.append((f"iteration {t + 1}", energy, X, X1))
         X = X1
-    return labels, before, after, True
+    return steps, True
+
+
+def _first_order(energy: Callable, x0: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """``d/ds energy(x0 + s dx)`` at ``s = 0``, per token: the Jacobian-vector product ``J dx`` of
+    the per-token energies, by reverse mode applied twice (``g(v) = J^T v`` is linear in ``v``, so
+    the gradient of ``<g(v), dx>`` with respect to ``v`` is ``J dx``; the energies' custom autograd
+    functions support double backward but not forward-mode transforms)."""
+    with torch.enable_grad():
+        x = x0.detach().requires_grad_(True)
+        E = energy(x)
+        v = torch.zeros_like(E, requires_grad=True)
+        (g,) = torch.autograd.grad(E, x, v, create_graph=True)
+        (jdx,) = torch.autograd.grad(g, v, dx.detach())
+    return jdx.detach()
 
 
 @torch.no_grad()
@@ -173,7 +217,67 @@ def energy_along_depth(model: nn.Module, inputs: torch.Tensor, n_steps: int | No
             out = _newton(model, inputs)
         else:
             out = _hyperset(model, inputs, n_steps)
+        steps, one = out
+        before = torch.stack([f(x0) for _, f, x0, _ in steps])
+        after = torch.stack([f(x1) for _, f, _, x1 in steps])
+        first = torch.stack([_first_order(f, x0, x1 - x0) for _, f, x0, x1 in steps])
+        ratio = torch.stack([(x1 - x0).norm(dim=-1) / x0.norm(dim=-1) for _, _, x0, x1 in steps])
     finally:
         model.train(was_training)
-    labels, before, after, one = out
-    return DepthEnergies(tuple(labels), torch.stack(before), torch.stack(after), one)
+    return DepthEnergies(tuple(lab for lab, *_ in steps), before, after, one, first, ratio)
+
+
+# ------------------------------------------------------------------------------ within one layer
+@dataclass(frozen=True)
+class RecursionEnergies:
+    """A CEM layer's recursion (CEM eqs. 16-17) on a context ``h``: ``energies[t]`` is the layer's
+    energy of its normalised state ``E(RMSNorm(x^(t)) | h)`` per token, ``t = 0..T`` (shape
+    ``(T + 1, B, L)``), and ``growth`` is ``|x^(T)| / |h|`` per token."""
+
+    energies: torch.Tensor
+    growth: torch.Tensor
+    eta: float
+
+    @property
+    def rises(self) -> torch.Tensor:
+        """Per token: whether the energy rose at some step (by more than ``1e-12`` relative to the
+        energy's scale, so that round-off is not counted)."""
+        tol = 1e-12 * self.energies.abs().amax(0).clamp_min(1.0)
+        return ((self.energies[1:] - self.energies[:-1]) > tol).any(0)
+
+    @property
+    def share_rising(self) -> float:
+        """The share of tokens whose energy rises at some step of the recursion."""
+        return float(self.rises.double().mean())
+
+    @property
+    def mean_change(self) -> float:
+        """The mean over tokens of ``E(x^(T)) - E(x^(0))``."""
+        return float((self.energies[-1] - self.energies[0]).mean())
+
+
+@torch.no_grad()
+def energy_along_recursion(layer: nn.Module, h: torch.Tensor, eta: float | None = None) -> RecursionEnergies:
+    """Run ``layer`` (a :class:`~cemlib.layers.cem_attention.CEMAttention` or
+    :class:`~cemlib.layers.cem_mlp.CEMMLP` with ``T`` recursion steps) on ``h`` and record its own
+    energy at every step. ``eta``: the step size to use (default: the layer's; the layer is left
+    as it was).
+
+    With query RMSNorm, a uniform gain, no preconditioner and the exact gradient
+    (``diag_grad="exact"``), attention lowers this energy at every step for every step size
+    (chapter 4's theorem); ``diag_grad="paper"`` (Algorithm 1 as printed) with a nonzero diagonal
+    breaks it, and so do a non-uniform gain and the MLP energy."""
+    if not isinstance(layer, (CEMAttention, CEMMLP)):
+        raise TypeError(f"layer must be a CEMAttention or CEMMLP, got {type(layer).__name__}")
+    old = layer.eta
+    if eta is not None:
+        if isinstance(old, torch.Tensor):
+            raise ValueError("this layer learns its step size: set it on the layer, not through eta")
+        layer.eta = float(eta)
+    try:
+        _, traj = layer(h, return_trajectory=True)
+        energies = torch.stack([layer.energy(x, h) for x in traj])
+        used = float(layer.eta)
+    finally:
+        layer.eta = old
+    return RecursionEnergies(energies, traj[-1].norm(dim=-1) / h.norm(dim=-1), used)

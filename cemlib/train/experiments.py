@@ -625,6 +625,32 @@ for _name, _model, _what in (
                                 log_interval=50)})))
 
 
+# The same four models where greedy decoding learns on a CPU (the hard settings above stay for the
+# gpu presets): L = 5 and 1200 steps at lr 3e-3. With the lis-* cpu preset (L = 10, 600 steps) the
+# models predict the answer after the true chain but generate dp_i = i, below the trivial
+# predictor's 29 % (the most frequent answer, cemlib.train.chance); here they pass it after a few
+# hundred steps. cpu preset only.
+def _cpu_only(name: str, data: str, cpu: dict) -> dict:
+    """Only a ``cpu`` preset (a setting sized for a CPU, with no GPU counterpart)."""
+    return {"cpu": _presets(name, data, cpu, cpu)["cpu"]}
+
+
+for _name, _model, _what in (
+        ("lis5-mha", {"attn": "mha"}, "standard multi-head attention with FFN"),
+        ("lis5-mha2nd1st", {"attn": "mha2nd1st"}, "first-order Newton attention MHA2nd1st with FFN"),
+        ("lis5-mha-only", {"attn": "mha", "ffn": False}, "standard attention only (no FFN)"),
+        ("lis5-mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)")):
+    register(Experiment(
+        _name, f"LIS with the DP chain at L = 5, a CPU setting where greedy decoding learns: {_what}",
+        _build_newton,
+        _cpu_only(_name, "lis",
+                  {"model": {"d_model": 64, "n_layers": 3, "n_heads": 4, **_model},
+                   "task": {"L": 5, "n_train": 8000, "n_test": 300, "val_fraction": 0.05},
+                   "optim": dict(lr=3e-3, beta2=0.999, weight_decay=0.01, warmup_steps=30, min_lr_ratio=0.1),
+                   "train": dict(max_steps=1200, batch_size=64, eval_interval=200, eval_batches=4,
+                                 log_interval=10)})))
+
+
 # ------------------------------------------------------------------------------ Hyper-SET (Sudoku, digits)
 def _build_recurrent(kwargs: dict, task: Task) -> nn.Module:
     from cemlib.models.hyperset import HyperSETModel
@@ -739,6 +765,22 @@ for _arch in ("hyperset", "transformer"):
                             **_DIGITS_AUTHORS[_arch]},
                   "optim": dict(lr=1e-3, beta2=0.999, weight_decay=5e-5, warmup_steps=100, min_lr_ratio=0.01),
                   "train": DIGITS_GPU_TRAIN})))
+
+
+# Sudoku that a CPU run learns (the hard set stays for the gpu presets): the shipped puzzles with only
+# 20 blank cells each (task.blanks; the same unique solutions), the authors' setup otherwise, 1000
+# steps; the Transformer widened to d = 52 (MLP width 128) to match Hyper-SET's parameter count, as
+# in chapter 9's stored comparison. cpu preset only.
+for _arch, _d in (("hyperset", 32), ("transformer", 52)):
+    _n = f"sudoku-easy-{_arch}-authors"
+    register(Experiment(
+        _n, f"Sudoku with 20 blank cells per puzzle (Hyper-SET §5.1's task, made easier for a CPU), the "
+            f"authors' released setup: {_arch}", _build_recurrent,
+        _cpu_only(_n, "sudoku",
+                  {"model": {"arch": _arch, "d": _d, "n_heads": 4, "n_iter": 4, "ff_dim": 128, **_SUDOKU_AUTHORS[_arch]},
+                   "task": {"n_train": 2000, "n_test": 200, "val_fraction": 0.02, "loss_on": "mask", "blanks": 20},
+                   "optim": dict(lr=2e-3, beta2=0.95, weight_decay=0.1, warmup_steps=50),
+                   "train": dict(max_steps=1000, batch_size=32, eval_interval=250, eval_batches=4, log_interval=10)})))
 
 
 # ------------------------------------------------------------------------------ chapter 10: one benchmark

@@ -447,25 +447,5 @@ def load_sweep(folder) -> dict[str, list[dict]]:
     return out
 
 
-@dataclass(frozen=True)
-class PairedDifference:
-    """Mean and sample standard deviation of ``n`` per-seed differences between two models."""
-
-    mean: float
-    std: float
-    n: int
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the mean difference exceeds twice its standard error ``std / sqrt(n)``: the book's
-        criterion for a difference larger than the seed spread."""
-        return abs(self.mean) > 2 * self.std / math.sqrt(self.n)
-
-
-def paired_difference(a, b) -> PairedDifference:
-    """Compare two models run with the same seeds: the per-seed differences ``a[i] - b[i]`` of a
-    final metric (seed ``i`` fixes the initialisation and the batch order of both runs)."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    if d.ndim != 1 or len(d) < 2:
-        raise ValueError(f"need two equal-length 1-D sequences of at least 2 seeds, got shape {d.shape}")
-    return PairedDifference(float(d.mean()), float(d.std(ddof=1)), len(d))
+# paired_difference lives with the book's verdict rule (cemlib.train.verdict); re-exported here
+from cemlib.train.verdict import PairedDifference, paired_difference  # noqa: E402

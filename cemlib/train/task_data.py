@@ -212,12 +212,18 @@ def _gp(cfg, *, kernel: str = "rbf", n_train: int = 1000, n_val: int = 200, n_te
 
 
 def _sudoku(cfg, *, loss_on: str = "all", n_train: int | None = None, n_test: int | None = None,
-            val_fraction: float = 0.1, data_seed: int = 0) -> Task:
+            val_fraction: float = 0.1, blanks: int | None = None, data_seed: int = 0) -> Task:
     """The shipped hard set (``data.path`` for another ``.npz`` in the same format). Inputs: 81 tokens
-    0..9 (0 = blank); classes 0..8 (digit - 1); the accuracies score the blanks."""
-    from cemlib.data.sudoku import load_sudoku
+    0..9 (0 = blank); classes 0..8 (digit - 1); the accuracies score the blanks. ``blanks``: keep
+    only that many blank cells per puzzle, the others filled in from the solution (an easier set
+    with the same solutions, :meth:`~cemlib.data.sudoku.SudokuDataset.with_blanks`)."""
+    from cemlib.data.sudoku import SudokuSplits, load_sudoku
     _check_file_path(cfg.data, "a .npz in the layout of cemlib.data.sudoku.load_sudoku")
     s = load_sudoku(cfg.data.path)  # the SHA-256 check applies to the shipped file only
+    if blanks is not None:
+        if isinstance(blanks, bool) or not isinstance(blanks, int) or not 1 <= blanks <= 81:
+            raise ConfigError(f"task.blanks must be an integer in 1..81, got {blanks!r}")
+        s = SudokuSplits(s.train.with_blanks(blanks, data_seed), s.test.with_blanks(blanks, data_seed + 1))
 
     def arrays(ds, idx=None):
         x, y = ds.puzzle, ds.solution - 1

@@ -1,0 +1,301 @@
+"""The book's verdict rule (cemlib.train.verdict): every branch, and each branch flips when the data flip."""
+
+import math
+
+import numpy as np
+import pytest
+
+from cemlib.train.verdict import (AGREE, DISAGREE, MIN_SEEDS, NOT_TESTABLE, UNRESOLVED, Chance, Claim,
+                                  claims_table, compare, decide, decide_exact, not_testable, paired, per_seed_optimum,
+                                  sampling_margin, seed_values, t_interval, t_quantile, tally,
+                                  whole_split_value)
+
+WHY = "fixed before the run"
+
+
+def claim(kind, threshold=0.0, **kw):
+    return Claim("the paper's words", "section 1", kind, threshold, WHY, **kw)
+
+
+def seeds(values):
+    return dict(enumerate(values))
+
+
+# ------------------------------------------------------------------------------ the interval
+@pytest.mark.parametrize("n, table", [(2, 12.706), (3, 4.303), (4, 3.182), (5, 2.776), (10, 2.262), (30, 2.045)])
+def test_t_quantile_matches_the_printed_t_table(n, table):
+    # Student's t table, two-sided 95 %, df = n - 1 (three decimals)
+    assert t_quantile(n) == pytest.approx(table, abs=5e-4)
+    assert t_quantile(n) > 1.959964  # never the normal quantile
+
+
+def test_t_interval_covers_the_mean_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    for n in (3, 5):
+        draws = rng.normal(1.0, 2.0, size=(20000, n))
+        hits = sum(e.low <= 1.0 <= e.high for e in (t_interval(d) for d in draws[:4000]))
+        assert abs(hits / 4000 - 0.95) < 0.015, (n, hits / 4000)
+        # the normal quantile in place of t would cover visibly less at n = 3
+        if n == 3:
+            z = 1.959964 * draws.std(1, ddof=1) / math.sqrt(n)
+            assert abs(draws.mean(1) - 1.0).__lt__(z).mean() < 0.90
+
+
+def test_t_interval_values_and_refusals():
+    e = t_interval([1.0, 2.0, 3.0])
+    assert e.mean == 2.0 and e.std == 1.0 and e.n == 3
+    assert e.high - e.mean == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    with pytest.raises(ValueError, match="one seed illustrates, never decides"):
+        t_interval([1.0])
+    with pytest.raises(ValueError, match="finite"):
+        t_interval([1.0, float("nan")])
+    with pytest.raises(ValueError, match="one-dimensional"):
+        t_interval([[1.0, 2.0]])
+
+
+def test_paired_differences_and_seed_checks():
+    e = paired({0: 3.0, 1: 5.0, 2: 4.0}, {2: 1.0, 0: 1.0, 1: 2.0})      # seed order does not matter
+    assert e.mean == pytest.approx((2 + 3 + 3) / 3)
+    assert paired([3.0, 5.0, 4.0], [1.0, 2.0, 1.0]).mean == pytest.approx(e.mean)
+    with pytest.raises(ValueError, match=r"unequal seeds.*only in the first: \[3\]"):
+        paired({0: 1.0, 1: 2.0, 3: 0.0}, {0: 1.0, 1: 2.0, 2: 0.0})
+    with pytest.raises(ValueError, match="unequal numbers of seeds"):
+        paired([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="one seed illustrates"):
+        paired({0: 1.0}, {0: 2.0})
+
+
+# ------------------------------------------------------------------------------ the branches
+B = seeds([1.0, 1.1, 0.9, 1.05, 0.95])
+LOWER = seeds([0.7, 0.82, 0.58, 0.74, 0.66])          # a - b about -0.3, tight
+HIGHER = {s: 2 * B[s] - v for s, v in LOWER.items()}  # the mirror image: a - b about +0.3
+NOISY = seeds([0.5, 1.6, 0.4, 1.7, 0.6])               # a - b about -0.08, wide
+
+
+@pytest.mark.parametrize("kind, threshold, data, expected", [
+    ("lower", 0.0, LOWER, AGREE), ("lower", 0.0, HIGHER, DISAGREE), ("lower", 0.0, NOISY, UNRESOLVED),
+    ("lower", 0.5, LOWER, DISAGREE),          # lower, but by less than the 0.5 the claim needs
+    ("higher", 0.0, HIGHER, AGREE), ("higher", 0.0, LOWER, DISAGREE), ("higher", 0.0, NOISY, UNRESOLVED),
+    ("not higher", 0.05, LOWER, AGREE), ("not higher", 0.05, HIGHER, DISAGREE),
+    ("not higher", 0.3, HIGHER, UNRESOLVED),   # the interval straddles 0.3
+    ("not lower", 0.05, HIGHER, AGREE), ("not lower", 0.05, LOWER, DISAGREE),
+])
+def test_directional_branches_flip_with_the_data(kind, threshold, data, expected):
+    v = decide(claim(kind, threshold), data, B)
+    assert v.verdict == expected, (v.verdict, v.reason, v.estimate)
+    assert v.n == 5 and not v.provisional
+
+
+def test_equivalence_is_tost_at_the_same_level():
+    small = {s: B[s] + d for s, d in zip(B, (0.01, -0.02, 0.015, 0.0, -0.005))}
+    eq = claim("equivalent", 0.05)
+    assert decide(eq, small, B).verdict == AGREE
+    shifted = {s: v + 0.3 for s, v in small.items()}       # the same spread, 0.3 away
+    assert decide(eq, shifted, B).verdict == DISAGREE
+    assert decide(eq, NOISY, B).verdict == UNRESOLVED       # too wide to tell
+    # the boundary: agree exactly when both one-sided t-tests at 2.5 % reject |d| >= threshold
+    e = paired(small, B)
+    assert e.high < 0.05 and e.low > -0.05
+    narrow = claim("equivalent", max(abs(e.low), abs(e.high)) * 0.99)
+    assert decide(narrow, small, B).verdict == UNRESOLVED
+
+
+def test_target_shifts_the_bound():
+    ratio = seeds([0.98, 1.01, 0.99, 1.0, 1.02])          # per-seed ratios, no second model
+    assert decide(claim("equivalent", 0.05, target=1.0), ratio).verdict == AGREE
+    assert decide(claim("equivalent", 0.05, target=0.5), ratio).verdict == DISAGREE
+    assert decide(claim("lower", 0.0, target=1.1), ratio).verdict == AGREE
+    assert decide(claim("lower", 0.0, target=0.9), ratio).verdict == DISAGREE
+
+
+def test_not_testable_when_a_model_has_not_learned():
+    chance = Chance(value=1 / 9, perfect=1.0, how="uniform over 9 digits")
+    at_chance = seeds([0.123, 0.122, 0.121, 0.125, 0.120])    # 1 % of the gap: not learned
+    learned = seeds([0.62, 0.60, 0.64, 0.61, 0.63])
+    learned_too = seeds([0.52, 0.49, 0.55, 0.50, 0.51])
+    c = claim("higher", 0.0)
+    v = decide(c, at_chance, learned, chance=chance)
+    assert v.verdict == NOT_TESTABLE and "a has not learned" in v.reason
+    assert v.estimate is not None and v.estimate.mean < 0                 # the interval is still there
+    assert decide(c, learned, learned_too, chance=chance).verdict == AGREE  # both learned: the rule
+    assert decide(c, learned_too, learned, chance=chance).verdict == DISAGREE
+    assert not chance.learned(at_chance.values()) and chance.learned(learned_too.values())
+    # the gain fraction, for a loss (lower is better, perfect = 0)
+    lm = Chance(value=3.3, perfect=0.0, how="unigram")
+    assert lm.gain(1.65) == pytest.approx(0.5) and lm.learned([1.8, 1.9, 1.85])
+    assert not lm.learned([3.25, 3.2, 3.3])
+
+
+def test_few_seeds_are_provisional_and_one_seed_refused():
+    v = decide(claim("lower"), {0: 0.7, 1: 0.8, 2: 0.6}, {0: 1.0, 1: 1.1, 2: 0.9})
+    assert v.verdict == AGREE and v.provisional and v.n == 3 < MIN_SEEDS
+    with pytest.raises(ValueError, match="one seed illustrates"):
+        decide(claim("lower"), {0: 0.7}, {0: 1.0})
+
+
+def test_exact_values():
+    half = claim("equivalent", 0.01, target=0.5)
+    assert decide_exact(half, 0.5021).verdict == AGREE
+    assert decide_exact(half, 0.52).verdict == DISAGREE
+    v = decide_exact(claim("higher"), 0.0)
+    assert v.verdict == UNRESOLVED and v.estimate is None and v.n is None and not v.provisional
+    with pytest.raises(ValueError):
+        decide_exact(half, float("inf"))
+
+
+def test_not_testable_by_reason():
+    v = not_testable(claim("higher"), "no model reaches the 80 % that defines the transition")
+    assert v.verdict == NOT_TESTABLE and v.estimate is None and math.isnan(v.value)
+    assert claims_table([v]).rows[0]["ours"].startswith("no model reaches")
+    with pytest.raises(ValueError):
+        not_testable(claim("higher"), " ")
+
+
+def test_claim_validation():
+    with pytest.raises(ValueError, match="kind"):
+        claim("better")
+    with pytest.raises(ValueError, match="threshold"):
+        claim("lower", -0.1)
+    with pytest.raises(ValueError, match="equivalence"):
+        claim("equivalent", 0.0)
+    with pytest.raises(ValueError, match="why"):
+        Claim("words", "where", "lower", 0.0, " ")
+    assert claim("not higher", 0.05).bound == "d < 0.05"
+
+
+def test_compare_without_a_claim():
+    assert compare(LOWER, B, 0.0).label == "lower"
+    assert compare(HIGHER, B, 0.0).label == "higher"
+    assert compare(NOISY, B, 0.0).label == "unresolved"
+    small = {s: B[s] + d for s, d in zip(B, (0.01, -0.02, 0.015, 0.0, -0.005))}
+    assert compare(small, B, 0.05).label == "within ±0.05"
+    assert compare(small, B, 0.0).label == "unresolved"
+
+
+def test_sampling_margin():
+    assert sampling_margin(500) == pytest.approx(1.959964 * math.sqrt(0.5 / 500), rel=1e-6)
+    assert sampling_margin(2000) < sampling_margin(500)
+
+
+# ------------------------------------------------------------------------------ stored runs
+def _lm_run(seed, whole=None, sample=1.9):
+    m = {"final_val_loss": sample, "final": {"val_loss": sample}}
+    if whole is not None:
+        m["final_whole_val"] = {"val_loss": whole}
+    return {"experiment": "shakespeare-x", "config": {"train": {"seed": seed}}, "git_commit": "0" * 40,
+            "task": {"kind": "language_modelling"}, "metrics": m}
+
+
+def _fixed_run(seed, final, estimates=None, train=None):
+    m = {"final": final}
+    if estimates is not None:
+        m["estimates"] = {"final": estimates}
+    cfg = {"seed": seed, "batch_size": 100, "eval_batches": 10, "grad_accum": 1}
+    return {"experiment": "gp-x", "config": {"train": cfg}, "metrics": m,
+            "task": {"kind": "regression", "splits": {"train": train or 1000, "val": 200, "test": 200}}}
+
+
+def test_whole_split_values_and_refusals():
+    assert whole_split_value(_lm_run(0, whole=1.85), "loss") == 1.85
+    with pytest.raises(ValueError, match="sample of 8 random batches"):
+        whole_split_value(_lm_run(0), "loss")
+    with pytest.raises(ValueError, match="'val' only"):
+        whole_split_value(_lm_run(0, whole=1.85), "loss", "test")
+    r = _fixed_run(0, {"test_rmse": 0.03, "train_rmse": 0.01})
+    assert whole_split_value(r, "rmse", "test") == 0.03
+    assert whole_split_value(r, "rmse", "train") == 0.01                  # 10 batches of 100 = all 1000
+    big = _fixed_run(0, {"train_rmse": 0.01}, train=4000)
+    with pytest.raises(ValueError, match="fixed subset"):
+        whole_split_value(big, "rmse", "train")
+    recorded = _fixed_run(0, {"train_rmse": 0.01}, "val_*: the whole val split (200 examples); train_*: a fixed "
+                          "subset of 1000 of the 4000 train examples", train=4000)
+    with pytest.raises(ValueError, match="fixed subset"):
+        whole_split_value(recorded, "rmse", "train")
+    full = _fixed_run(0, {"train_rmse": 0.01}, "val_*: the whole val split (200 examples); train_*: a fixed "
+                      "subset of 4000 of the 4000 train examples", train=4000)
+    assert whole_split_value(full, "rmse", "train") == 0.01
+    with pytest.raises(KeyError):
+        whole_split_value(r, "accuracy", "test")
+
+
+def test_seed_values_keys_by_seed_and_refuses_repeats():
+    runs = [_lm_run(2, 1.8), _lm_run(0, 1.9)]
+    assert seed_values(runs, "loss") == {2: 1.8, 0: 1.9}
+    with pytest.raises(ValueError, match="seed 0 appears twice"):
+        seed_values(runs + [_lm_run(0, 1.7)], "loss")
+
+
+def test_per_seed_optimum_finds_each_seeds_minimum():
+    lrs = [0.00075, 0.0015, 0.003, 0.006]
+    best = {0: 0.002, 1: 0.004}
+    losses = {lr: {s: (math.log2(lr) - math.log2(b)) ** 2 for s, b in best.items()} for lr in lrs}
+    out = per_seed_optimum(losses)
+    for s, b in best.items():
+        assert out[s][0] == pytest.approx(b, rel=0.05) and out[s][1] < 0.01
+    with pytest.raises(ValueError, match="needs 3"):
+        per_seed_optimum({0.001: {0: 1.0}, 0.002: {0: 0.9}})
+
+
+# ------------------------------------------------------------------------------ tables
+def test_claims_table_rows_markdown_html_and_tally():
+    arxiv = Claim("preconditioners “contribute only marginally”", "arXiv §4.2", "equivalent", 0.05, WHY,
+                  finding="preconditioners at T = 2")
+    iclr = Claim("“clear improvements at T = 2”", "ICLR §4.2", "lower", 0.0, WHY, finding="preconditioners at T = 2")
+    other = Claim("T = 2 is better than T = 1", "Fig. 2c <b>", "lower", 0.0, WHY)
+    small = {s: B[s] + d for s, d in zip(B, (0.01, -0.02, 0.015, 0.0, -0.005))}
+    vs = [decide(arxiv, small, B), decide(iclr, small, B), decide(other, LOWER, B), decide(other, LOWER, B)]
+    assert [v.verdict for v in vs] == [AGREE, UNRESOLVED, AGREE, AGREE]
+    t = claims_table(vs)
+    assert len(t) == 4 and t.rows[2]["verdict"] == AGREE and "n = 5" in t.rows[2]["ours"]
+    assert t.rows[0]["threshold"].startswith("-0.05 < d < 0.05")
+    assert "&lt;b&gt;" in t._repr_html_() and "<b>" not in t._repr_html_()
+    assert t.to_markdown().count("\n") == 6
+    counts = tally(vs)
+    # one finding in two wordings with different verdicts, and one claim listed twice: two claims
+    assert counts["depends on the version"] == 1 and counts[AGREE] == 1 and sum(counts.values()) == 2
+    assert tally([vs[0], vs[0]])[AGREE] == 1
+
+
+def test_load_runs_keys_experiments_and_grid_points_apart(tmp_path):
+    from cemlib.train.results import save_results
+    from cemlib.train.verdict import load_runs
+
+    def res(exp, seed, ovr=()):
+        r = _lm_run(seed, 1.8 + seed / 10)
+        r.update(experiment=exp, schema="cemlib.train.results/1", preset="cpu", curves={}, num_parameters=1,
+                 device={"label": "CPU"}, versions={}, command="python -m cemlib.train", sweep={"overrides": list(ovr)})
+        r["metrics"]["wall_time_s"] = 1.0
+        return r
+    # two experiments whose names end alike (load_sweep would merge them), one with two grid points
+    for exp, ovr in (("shakespeare-cem-t2", ()), ("shakespeare-cem-mlp-t2", ()),
+                     ("shakespeare-llama", ("optim.lr=0.0015",)), ("shakespeare-llama", ("optim.lr=0.003",))):
+        for seed in (1, 0):
+            save_results(tmp_path / f"{exp}{''.join(ovr)}_{seed}.json", res(exp, seed, ovr))
+    runs = load_runs(tmp_path)
+    assert sorted(runs) == ["shakespeare-cem-mlp-t2", "shakespeare-cem-t2", "shakespeare-llama optim.lr=0.0015",
+                            "shakespeare-llama optim.lr=0.003"]
+    assert [r["config"]["train"]["seed"] for r in runs["shakespeare-cem-t2"]] == [0, 1]
+    assert seed_values(runs["shakespeare-cem-t2"], "loss") == pytest.approx({0: 1.8, 1: 1.9})
+    with pytest.raises(FileNotFoundError):
+        load_runs(tmp_path / "empty")
+
+
+def test_hand_made_verdicts_are_found_and_the_rules_are_not():
+    from cemlib.train.verdict import hand_made_verdicts
+    bad = """
+verdict = "agree" if delta <= small else "disagree"
+print(f"{'agree' if ok else 'disagree'}")
+rows = [("claim 9", "ours", "Fig. 3", "not resolvable (600 steps)")]
+%matplotlib inline
+print("claim 1 (Lemma 1): the Boltzmann distribution minimises F  ->  agree")
+"""
+    found = hand_made_verdicts(bad)
+    assert [text for _, text in found] == ["agree", "disagree", "agree", "disagree", "not resolvable (600 steps)",
+                                           "claim 1 (Lemma 1): the Boltzmann distribution minimises F  ->  agree"]
+    assert [line for line, _ in found] == [2, 2, 3, 3, 4, 6]
+    good = """
+v = decide(claim, a, b)
+assert v.verdict == "agree" and tally([v])["agree"] == 1
+print("live and stored agree to within 1e-3")
+"""
+    assert hand_made_verdicts(good) == []
