@@ -26,7 +26,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: import name -> distribution name, where they differ
 DISTRIBUTION = {"sklearn": "scikit-learn", "IPython": "ipython", "matplotlib_inline": "matplotlib-inline"}
 #: optional packages: imported only inside the functions that need them, and declared in an extra
-OPTIONAL = {"ipywidgets": "book", "triton": "kernels", "IPython": "book", "matplotlib_inline": "book"}
+OPTIONAL = {"ipywidgets": "book", "triton": "kernels", "IPython": "book", "matplotlib_inline": "book",
+            "pandas": "dataframes"}
 #: kernel modules that import triton at their top although their name does not end in _triton.py:
 #: dispatch imports each of them only at the first call that needs it (checked below)
 ON_DEMAND_TRITON = {"cemlib/kernels/tied_attention_v2.py"}

@@ -1,9 +1,14 @@
 """The stored results under book/results/: complete provenance, and a CPU result re-run from its
 recorded command reproduces its metrics.
 
-Tolerance: on the machine that wrote them the re-run is bit-identical; a reader's CPU (another
-BLAS, another vector width) may round differently, so metrics are compared to a relative 1e-3,
-far below any difference the book draws a conclusion from.
+Tolerance: on a CPU of the kind that wrote them (the same model name) the re-run is
+bit-identical, and metrics are compared to a relative 1e-3. On another CPU (another BLAS kernel,
+another vector width) the rounding differs from the first step on, and training turns that into
+another sample of the same configuration and seed: measured on the two files that moved most, a
+training loss 3.7 % apart (an Intel Xeon against the AMD EPYC that wrote it) and a token accuracy
+2 of 128 tokens apart. There the re-run must agree to :data:`CROSS_CPU_LOSS_RTOL` on losses and
+:data:`CROSS_CPU_ACC_ATOL` on accuracies, which still catches a changed model, task or optimiser
+(each moves these metrics far more), and the book draws no conclusion from one seed's difference.
 """
 
 import json
@@ -21,6 +26,8 @@ from cemlib.train.results import load_results
 RESULTS = Path(__file__).resolve().parent.parent / "book" / "results"
 FILES = sorted(p for p in RESULTS.rglob("*.json") if p.name != "summary.json")
 RTOL = 1e-3
+CROSS_CPU_LOSS_RTOL = 0.10
+CROSS_CPU_ACC_ATOL = 0.05
 MAX_RERUN_S = 20.0  # re-run every stored CPU result whose recorded wall time is below this
 
 
@@ -83,5 +90,11 @@ def test_stored_cpu_result_reproduces_from_its_command(path, tmp_path):
         torch.set_num_threads(before)
     fresh = load_results(tmp_path / "results.json")
     assert fresh["num_parameters"] == stored["num_parameters"]
+    same_cpu = fresh["device"]["name"] == stored["device"]["name"]
     for key, value in _final(stored).items():
-        assert _final(fresh)[key] == pytest.approx(value, rel=RTOL), key
+        if same_cpu:
+            assert _final(fresh)[key] == pytest.approx(value, rel=RTOL), key
+        elif "acc" in key:
+            assert _final(fresh)[key] == pytest.approx(value, abs=CROSS_CPU_ACC_ATOL), key
+        else:
+            assert _final(fresh)[key] == pytest.approx(value, rel=CROSS_CPU_LOSS_RTOL), key
