@@ -323,3 +323,18 @@ def test_gpu_table_shows_stored_gpu_runs_beside_cpu_runs(gpu_like_results, tmp_p
     assert metric == "val_loss" and f"step {step}" in t.rows[0][3]
     assert final_metric(seeds[1], "val_loss") == pytest.approx(1.42)
     assert t.rows[1][2] == NOT_RUN and "Not yet run: shakespeare-cem" in t.note
+
+
+def test_gpu_results_table_finds_the_stored_results_from_any_folder(tmp_path, monkeypatch):
+    """A chapter opened alone (working directory without the repository) names its folders as
+    ``results/<folder>``: the CPU folder is found among the stored results, and a GPU folder that no
+    campaign made yet gives "not yet run" instead of an error."""
+    from cemlib.train.gpu_results import Row, gpu_results_table
+    monkeypatch.chdir(tmp_path)
+    table = gpu_results_table("results/no_such_gpu_folder", [Row("Llama", "shakespeare-llama")],
+                              cpu="results/shakespeare_blocks_cpu")
+    text = repr(table)
+    assert "not yet run" in text
+    assert "± " in text.splitlines()[1] or "seed" in text.splitlines()[1]  # the CPU runs were read
+    cpu_cell = table.rows[0][4]
+    assert cpu_cell not in ("—", "not yet run", ""), cpu_cell

@@ -103,6 +103,24 @@ class ResultsTable:
         return "\n".join([fmt.format(*self.header), *(fmt.format(*r) for r in self.rows), "", self.note])
 
 
+def _stored(path) -> Path:
+    """``path`` as given if it exists; else a path under the book's ``results/`` found with
+    :func:`cemlib.stored.stored_path` (a chapter opened alone, without the repository beside it,
+    reads the copy shipped with cemlib); else ``path`` as given (a folder not made yet)."""
+    p = Path(path)
+    if p.exists() or p.is_absolute():
+        return p
+    from cemlib.stored import stored_path
+    rel = p.as_posix()
+    rel = rel[2:] if rel.startswith("./") else rel
+    for candidate in ((rel,) if rel.startswith("book/") else ("book/" + rel, rel)):
+        try:
+            return stored_path(candidate)
+        except (FileNotFoundError, ValueError):
+            continue
+    return p
+
+
 def _cpu_runs(cpu) -> list[dict]:
     """Results of CPU runs from a folder, a file, results dictionaries (a chapter's live runs), or a
     list of any of these."""
@@ -113,7 +131,7 @@ def _cpu_runs(cpu) -> list[dict]:
         return [cpu]
     if isinstance(cpu, (list, tuple)):
         return [r for item in cpu for r in _cpu_runs(item)]
-    p = Path(cpu)
+    p = _stored(cpu)
     return [load_results(p)] if p.is_file() else _load_folder(p, "cpu")
 
 
@@ -122,10 +140,12 @@ def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric:
     """The table of ``rows`` for the GPU runs in ``gpu_folder`` (e.g. ``results/shakespeare_gpu``)
     and the CPU runs ``cpu`` (a folder of results files, one file, a results dictionary such as a
     chapter's live run, or a list of these); ``metric`` is a key of the runs' final metrics (see
-    the module docstring)."""
+    the module docstring). A relative path that does not exist from the working directory is
+    looked up under the book's stored results (:func:`cemlib.stored.stored_path`), so a chapter
+    opened alone finds the files shipped with cemlib."""
     from cemlib.train.campaign import folder_commands
     from cemlib.train.results import device_name
-    gpu_folder = Path(gpu_folder)
+    gpu_folder = _stored(gpu_folder)
     gpu = _load_folder(gpu_folder, "gpu")
     cpu = _cpu_runs(cpu)
     devices = sorted({device_name(r) for r in gpu})
