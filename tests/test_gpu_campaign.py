@@ -316,7 +316,7 @@ def test_gpu_table_shows_stored_gpu_runs_beside_cpu_runs(gpu_like_results, tmp_p
     live["metrics"]["final_whole_val"] = {"val_loss": 1.90}
     both = gpu_results_table(gpu_dir, [Row("Llama", run.experiment)], cpu=[tmp_path / "cpu.json", live])
     assert both.rows[0][4] == f"1.850 ± {math.sqrt(2 * 0.05 ** 2):.3f} (2 runs)"  # one seed, twice
-    assert t.available and t.device == "NVIDIA H100 80GB HBM3" and "NVIDIA H100 80GB HBM3" in t.header[2]
+    assert t.available and t.device == "NVIDIA H100 80GB HBM3" and "NVIDIA H100 80GB HBM3" in t.note
     mean, sd = 1.41, math.sqrt(2 * 0.01 ** 2)
     assert t.rows[0][2] == f"{mean:.3f} ± {sd:.3f} (2 seeds)" and t.rows[0][4] == "1.800 (1 seed)"
     value, step, metric = best_evaluation(seeds[0])

@@ -150,8 +150,8 @@ def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric:
     cpu = _cpu_runs(cpu)
     devices = sorted({device_name(r) for r in gpu})
     device = ", ".join(devices) if devices else None
-    header = ["model", "parameters", f"ours, GPU ({device or 'no run yet'}): final {metric}",
-              "best (step)", f"ours, CPU: final {metric}", "paper"]
+    # short headers, so that the table fits a book's column; the device goes into the note
+    header = ["model", "params", f"GPU: {metric}", "GPU best (step)", f"CPU: {metric}", "paper"]
     table, missing = [], []
     for row in rows:
         g = sorted((r for r in gpu if r["experiment"] == row.experiment), key=lambda r: r["config"]["train"]["seed"])
@@ -170,15 +170,18 @@ def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric:
                 if any(f"--experiment {e} " in cmd + " " for e in missing)]
     if not gpu:
         note = (f"The mid-size (gpu preset) runs of this table have not been made yet: "
-                f"{gpu_folder} holds no results. One GPU makes them with")
+                f"{gpu_folder.name} holds no results")
+        note += ". One GPU makes them with" if commands else " and the campaign's plan has none"
     elif missing:
-        note = (f"Stored GPU results ({device}) from {gpu_folder}. Not yet run: {', '.join(missing)}; "
-                f"one GPU makes them with")
+        note = (f"Stored GPU results ({device}) from {gpu_folder.name}. Not yet run: {', '.join(missing)}"
+                + ("; one GPU makes them with" if commands else " (no run of them in the campaign's plan)"))
     else:
-        note = (f"Stored GPU results ({device}) from {gpu_folder}: the command, commit and versions of "
-                f"each run are in its file.")
-    if missing:
-        note += ":\n" + "\n".join(commands or [f"(no run of {', '.join(missing)} in the campaign's plan)"])
+        note = (f"Stored GPU results ({device}) from {gpu_folder.name}: the command, commit and versions "
+                f"of each run are in its file.")
+    if missing and not commands:
+        note += "."
+    if missing and commands:
+        note += ":\n" + "\n".join(commands)
         if commands:
             note += (f"\n(or every run of the folder: python -m cemlib.train.campaign run --folder "
                      f"{gpu_folder.name}, then python -m cemlib.train.import_results on its output)")
