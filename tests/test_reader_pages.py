@@ -49,7 +49,6 @@ _LABEL_KEY = re.compile(r"(\d+)")
 KNOWN = {
     ("ch05_cem_transformer.ipynb", "claim", "C14"),
     ("ch05_cem_transformer.ipynb", "claim", "C15"),
-    ("ch06_recursion_regression.ipynb", "claim", "C11"),
     ("ch07_nrgpt.ipynb", "claim", "claim 10"),
     ("ch07_nrgpt.ipynb", "claim", "claim 4"),
     ("ch07_nrgpt.ipynb", "claim", "claim 9"),
