@@ -49,7 +49,6 @@ _LABEL_KEY = re.compile(r"(\d+)")
 KNOWN = {
     ("ch05_cem_transformer.ipynb", "claim", "C14"),
     ("ch05_cem_transformer.ipynb", "claim", "C15"),
-    ("ch06_recursion_regression.ipynb", "claim", "C11"),
     ("ch08_free_energy_newton.ipynb", "claim", "claim 3"),
     ("ch08_free_energy_newton.ipynb", "claim", "claim 5"),
     ("ch08_free_energy_newton.ipynb", "claim", "claim 6"),
