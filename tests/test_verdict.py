@@ -1,6 +1,7 @@
 """The book's verdict rule (cemlib.train.verdict): every branch, and each branch flips when the data flip."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,3 +300,19 @@ assert v.verdict == "agree" and tally([v])["agree"] == 1
 print("live and stored agree to within 1e-3")
 """
     assert hand_made_verdicts(good) == []
+
+
+BOOK = Path(__file__).resolve().parent.parent / "book"
+
+
+@pytest.mark.parametrize("path", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.name)
+def test_no_chapter_writes_a_verdict_by_hand(path):
+    """Every verdict in the book comes from the one rule (issue 33): no code cell of a chapter types
+    "agree", "disagree", "not resolvable", ... itself (:func:`hand_made_verdicts`)."""
+    import nbformat
+
+    from cemlib.train.verdict import hand_made_verdicts
+    nb = nbformat.read(path, as_version=4)
+    found = [(i, line, text) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for line, text in hand_made_verdicts(cell.source)]
+    assert not found, f"{path.name}: verdicts typed by hand (cell, line, text): {found}"
