@@ -47,8 +47,6 @@ _LABEL_KEY = re.compile(r"(\d+)")
 
 # Present violations, to be fixed when the chapters are revised: (page, kind, detail).
 KNOWN = {
-    ("ch05_cem_transformer.ipynb", "claim", "C14"),
-    ("ch05_cem_transformer.ipynb", "claim", "C15"),
     ("ch06_recursion_regression.ipynb", "claim", "C11"),
     ("ch07_nrgpt.ipynb", "claim", "claim 10"),
     ("ch07_nrgpt.ipynb", "claim", "claim 4"),
