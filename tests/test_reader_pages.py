@@ -47,8 +47,6 @@ _LABEL_KEY = re.compile(r"(\d+)")
 
 # Present violations, to be fixed when the chapters are revised: (page, kind, detail).
 KNOWN = {
-    ("ch05_cem_transformer.ipynb", "claim", "C14"),
-    ("ch05_cem_transformer.ipynb", "claim", "C15"),
     ("ch08_free_energy_newton.ipynb", "claim", "claim 3"),
     ("ch08_free_energy_newton.ipynb", "claim", "claim 5"),
     ("ch08_free_energy_newton.ipynb", "claim", "claim 6"),

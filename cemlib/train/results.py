@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["SCHEMA", "environment_info", "git_commit", "save_results", "load_results", "plot_curves",
-           "device_name", "ResultsError", "read_json"]
+           "device_name", "ResultsError", "read_json", "SETUP", "setup_differences"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
@@ -135,6 +135,25 @@ def device_name(res: dict) -> str:
     the device type in capitals (``"CPU"``)."""
     dev = res["device"]
     return dev["name"] if dev["type"] == "cuda" else dev["type"].upper()
+
+
+#: what two runs must share to be compared as "the same setup, another model": data, seed, length,
+#: batch shape and optimiser (the model section is what a comparison varies)
+SETUP = {"data": ("name",), "train": ("seed", "max_steps", "batch_size", "context_length"),
+         "optim": ("lr", "beta1", "beta2", "weight_decay", "warmup_steps", "min_lr_ratio")}
+
+
+def setup_differences(a: dict, b: dict) -> dict[str, tuple]:
+    """Where two results' configurations differ outside the model (the fields of :data:`SETUP`):
+    ``{"section.key": (value in a, value in b)}``; empty when the two runs are the same setup and
+    differ only in their models."""
+    out = {}
+    for sec, keys in SETUP.items():
+        for k in keys:
+            va, vb = a["config"][sec].get(k), b["config"][sec].get(k)
+            if va != vb:
+                out[f"{sec}.{k}"] = (va, vb)
+    return out
 
 
 def _label(res: dict) -> str:
