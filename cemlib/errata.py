@@ -747,7 +747,8 @@ def where_discussed(e: Erratum) -> str:
     if not e.chapter:
         return ""
     doc = f"{{doc}}`{e.chapter}`"
-    return f"{doc} ({{ref}}`erratum <{e.label}>`)" if e.label else doc
+    what = "erratum" if e.status == "error" else "the box"      # an ambiguity or a choice is no erratum
+    return f"{doc} ({{ref}}`{what} <{e.label}>`)" if e.label else doc
 
 
 def markdown_card(e: Erratum, proved_here: bool) -> str:
