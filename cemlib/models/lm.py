@@ -45,7 +45,7 @@ class LMConfig:
     (see their docstrings) or select the Llama positional encoding (``pos``). ``dropout`` acts on
     the embeddings and on every sublayer's update (Llama: the residual branch; CEM: ``x^(T) - x``),
     so the CEM layers themselves stay exact; ``check_finite`` makes layers reject NaN/Inf input
-    where the check is free (CPU tensors, eager mode: :func:`cemlib.utils.finite_check_is_free`;
+    where the check is free (CPU tensors, eager mode: ``cemlib.utils.finite_check_is_free``;
     on a GPU or under ``torch.compile`` the trainer's per-step loss and gradient-norm check
     catches NaN/Inf); the cheap token-id range check stays on either way (eager mode only).
     Step sizes ``eta_*`` must be finite and >= 0, ``norm_eps`` >= 0.

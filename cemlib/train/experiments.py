@@ -211,7 +211,7 @@ def run_experiment(experiment: str, preset: str = "cpu", overrides=(), out_dir=N
     ``out_dir`` is checked (created, written to, holding no other run) before the data load;
     ``started_at`` (``time.time()``, default: this call) is when the run began, for the start-up
     time in the results (``started_from`` names that moment, e.g. "process start"). See
-    :func:`run_config` for ``resume``, ``overwrite`` and ``log``."""
+    ``run_config`` (same module) for ``resume``, ``overwrite`` and ``log``."""
     t0 = time.time() if started_at is None else started_at
     notes: list[str] = []
     cfg = get_config(experiment, preset, overrides, notes)
