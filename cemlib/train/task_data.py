@@ -87,13 +87,10 @@ def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
                           f"{tc.context_length + 2}, got {train_chars!r}")
     _check_file_path(d, "a UTF-8 text file, or a .gz of one")
     from cemlib.data.shakespeare import load_shakespeare
-    if d.path is None or _is_shipped(d.path):
-        try:  # the SHA-256 check applies to the shipped file only
-            s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
-        except ValueError as err:
-            raise TaskDataError(f"data.path={d.path!r}: {err}") from None
-    else:
-        s = _own_corpus(d.path, d.val_fraction)
+    try:  # own text is read without a checksum; the SHA-256 check applies to the shipped file only
+        s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
+    except ValueError as err:
+        raise TaskDataError(f"data.path={d.path!r}: {err}") from None
     if train_chars is not None and train_chars > s.train.numel():
         raise ConfigError(f"task.train_chars={train_chars} exceeds the {s.train.numel()} characters of "
                           f"the train split")
@@ -110,39 +107,6 @@ def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
         task.info["data_source"] = (f"{d.path}: {n:,} characters, {s.tokenizer.vocab_size} distinct; "
                                     f"{s.train.numel():,} train / {s.val.numel():,} val")
     return task
-
-
-def _is_shipped(path) -> bool:
-    """Is ``path`` the tiny Shakespeare file shipped with cemlib (the one with a known SHA-256)?"""
-    from cemlib.data.shakespeare import _default_path
-    try:
-        return Path(path).resolve() == _default_path().resolve()
-    except OSError:
-        return False
-
-
-def _own_corpus(path, val_fraction: float):
-    """A user's own text file (``data.path``; UTF-8, optionally ``.gz``) as character ids, split
-    like tiny Shakespeare (the last ``val_fraction`` is validation). No checksum: only the shipped
-    file has a known one."""
-    import gzip
-    from cemlib.data.shakespeare import CharSplits, CharTokenizer
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction must lie in (0, 1), got {val_fraction!r}")
-    p = Path(path)
-    raw = p.read_bytes()
-    try:
-        raw = gzip.decompress(raw) if p.suffix == ".gz" else raw
-        text = raw.decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as err:
-        raise TaskDataError(f"data.path={str(path)!r} is not a UTF-8 text file (or a gzip of one): "
-                            f"{err}") from None
-    if not text:
-        raise TaskDataError(f"data.path={str(path)!r} is empty")
-    tok = CharTokenizer(text)
-    ids = tok.encode(text)
-    n = int(len(ids) * (1.0 - val_fraction))
-    return CharSplits(train=ids[:n], val=ids[n:], tokenizer=tok)
 
 
 def _listops(cfg, *, n_train: int = 50_000, n_test: int = 2_000, modulus: int = 20, max_depth: int = 2,

@@ -104,19 +104,17 @@ def stored_tokenizer(payload: dict, checkpoint: Path, notes: list[str]):
     data = payload["config"].get("data", {})
     if data.get("name") != "shakespeare":
         return None
-    from cemlib.data.shakespeare import CharTokenizer, load_text
-    from cemlib.train.task_data import _is_shipped
+    from cemlib.data.shakespeare import CharTokenizer, is_shipped, load_text
     path = data.get("path")
-    if path is None or _is_shipped(path):
+    if is_shipped(path):
         notes.append("vocabulary rebuilt from the tiny Shakespeare shipped with cemlib, the text this "
                      "run trained on (the checkpoint predates stored vocabularies)")
         return CharTokenizer(load_text())
     if Path(path).is_file():
-        from cemlib.train.task_data import _own_corpus
         notes.append(f"vocabulary rebuilt from data.path={path!r}, the text this run trained on (the "
                      f"checkpoint predates stored vocabularies); if that file changed since, the "
                      f"decoded text is wrong")
-        return _own_corpus(path, data.get("val_fraction", 0.1)).tokenizer
+        return CharTokenizer(load_text(path))
     raise CheckpointError(f"the checkpoint predates stored vocabularies and the text it was trained on "
                           f"(data.path={path!r}) is not there to rebuild it")
 
