@@ -12,7 +12,6 @@ cemlib, or the run's ``data.path`` if that file still exists), and a note says s
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,10 +20,9 @@ from torch import nn
 
 from cemlib.train.checkpoint import CheckpointError, check_model_state, load_checkpoint
 from cemlib.train.config import ConfigError
+from cemlib.train.runs import newest_checkpoint
 
 __all__ = ["TrainedModel", "find_checkpoint", "load_trained", "stored_tokenizer"]
-
-_CKPT = re.compile(r"ckpt_(\d+)\.pt")
 
 
 @dataclass
@@ -43,14 +41,6 @@ class TrainedModel:
     notes: list[str] = field(default_factory=list)
 
 
-def _checkpoints_in(folder: Path) -> Path | None:
-    """``last.pt`` if the folder has one, else its ``ckpt_<step>.pt`` of the highest step."""
-    if (folder / "last.pt").is_file():
-        return folder / "last.pt"
-    steps = sorted((int(m.group(1)), p) for p in folder.glob("ckpt_*.pt") if (m := _CKPT.fullmatch(p.name)))
-    return steps[-1][1] if steps else None
-
-
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint ``path`` names: the file itself, or in a run folder ``last.pt`` (the finished
     run) else the newest ``ckpt_<step>.pt``; a folder holding one run folder is looked into."""
@@ -62,12 +52,12 @@ def find_checkpoint(path: str | Path) -> Path:
         return path
     if not path.is_dir():
         raise CheckpointError(f"{str(path)!r} is neither a checkpoint file nor a run folder")
-    found = _checkpoints_in(path)
+    found = newest_checkpoint(path)
     if found is not None:
         return found
-    runs = sorted(d for d in path.iterdir() if d.is_dir() and _checkpoints_in(d) is not None)
+    runs = sorted(d for d in path.iterdir() if d.is_dir() and newest_checkpoint(d) is not None)
     if len(runs) == 1:
-        return _checkpoints_in(runs[0])
+        return newest_checkpoint(runs[0])
     if runs:
         names = ", ".join(d.name for d in runs[:8]) + (" ..." if len(runs) > 8 else "")
         raise CheckpointError(f"{str(path)!r} holds {len(runs)} runs; give one of them: {names}")
