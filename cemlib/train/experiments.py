@@ -605,11 +605,15 @@ _build_newton.model_fields = _fields(_newton_class, ("vocab_size", "block_size")
 # stored CPU runs at L = 20 (book/results/lis_mha2nd1st_cpu, width 64, lr 1e-3, 600 steps x 64)
 # show no over-fitting (train and validation accuracy within 0.03 at the end, both still rising),
 # so the paper's dropout 0.1 and weight decay 0.01 stay.
-for _name, _model, _what in (
-        ("lis-mha", {"attn": "mha"}, "standard multi-head attention with FFN"),
-        ("lis-mha2nd1st", {"attn": "mha2nd1st"}, "first-order Newton attention MHA2nd1st with FFN"),
-        ("lis-mha-only", {"attn": "mha", "ffn": False}, "standard attention only (no FFN)"),
-        ("lis-mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)")):
+#: the four LIS models (name suffix, model fields, description), registered at two lengths below
+_LIS_MODELS = (
+    ("mha", {"attn": "mha"}, "standard multi-head attention with FFN"),
+    ("mha2nd1st", {"attn": "mha2nd1st"}, "first-order Newton attention MHA2nd1st with FFN"),
+    ("mha-only", {"attn": "mha", "ffn": False}, "standard attention only (no FFN)"),
+    ("mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)"))
+
+for _suffix, _model, _what in _LIS_MODELS:
+    _name = f"lis-{_suffix}"
     register(Experiment(
         _name, f"LIS with the DP chain (intrinsic optimizers §5): {_what}", _build_newton,
         _presets(_name, "lis",
@@ -635,11 +639,8 @@ def _cpu_only(name: str, data: str, cpu: dict) -> dict:
     return {"cpu": _presets(name, data, cpu, cpu)["cpu"]}
 
 
-for _name, _model, _what in (
-        ("lis5-mha", {"attn": "mha"}, "standard multi-head attention with FFN"),
-        ("lis5-mha2nd1st", {"attn": "mha2nd1st"}, "first-order Newton attention MHA2nd1st with FFN"),
-        ("lis5-mha-only", {"attn": "mha", "ffn": False}, "standard attention only (no FFN)"),
-        ("lis5-mha2nd1st-only", {"attn": "mha2nd1st", "ffn": False}, "MHA2nd1st only (no FFN)")):
+for _suffix, _model, _what in _LIS_MODELS:
+    _name = f"lis5-{_suffix}"
     register(Experiment(
         _name, f"LIS with the DP chain at L = 5, a CPU setting where greedy decoding learns: {_what}",
         _build_newton,
