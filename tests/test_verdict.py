@@ -125,6 +125,13 @@ def test_not_testable_when_a_model_has_not_learned():
     lm = Chance(value=3.3, perfect=0.0, how="unigram")
     assert lm.gain(1.65) == pytest.approx(0.5) and lm.learned([1.8, 1.9, 1.85])
     assert not lm.learned([3.25, 3.2, 3.3])
+    # a quantity derived from two models (a ratio): the chance check reads the models, by name
+    ratio = {s: learned[s] / at_chance[s] - 1 for s in learned}
+    v = decide(claim("higher", 0.0), ratio, chance=chance, models={"T2": learned, "T1": at_chance})
+    assert v.verdict == NOT_TESTABLE and "T1 has not learned" in v.reason and v.estimate.mean > 0
+    both = {s: learned[s] / learned_too[s] - 1 for s in learned}
+    assert decide(claim("higher", 0.0), both, chance=chance,
+                  models={"T2": learned, "T1": learned_too}).verdict == AGREE
 
 
 def test_few_seeds_are_provisional_and_one_seed_refused():

@@ -245,21 +245,24 @@ class Verdict:
         return self.n is not None and self.n < MIN_SEEDS
 
 
-def decide(claim: Claim, a, b=None, *, chance: Chance | None = None, level: float = LEVEL) -> Verdict:
+def decide(claim: Claim, a, b=None, *, chance: Chance | None = None, models: Mapping | None = None,
+           level: float = LEVEL) -> Verdict:
     """The book's verdict on ``claim`` from per-seed values (each a mapping seed -> value).
 
     With ``b``, the quantity is the per-seed difference ``a[s] - b[s]``; without, ``a`` holds the
-    per-seed values of the quantity itself. With ``chance``, a model (``a`` and, if given, ``b``)
-    that has not learned the task makes the claim *not testable at this budget* (the interval is
-    still reported)."""
+    per-seed values of the quantity itself. With ``chance``, a model that has not learned the task
+    makes the claim *not testable at this budget* (the interval is still reported); the models
+    checked are ``a`` and, if given, ``b``, or ``models`` (name -> per-seed values of the task's
+    metric) when the quantity is derived from them, e.g. a ratio ``a[s] / b[s] - 1``."""
     if b is None:
         est = t_interval(list(_by_seed(a, "a").values()) if isinstance(a, Mapping) else a, level)
     else:
         est = paired(a, b, level)
     verdict, reason = claim.judge(est.low, est.high)
     if chance is not None:
-        fails = [name for name, v in (("a", a), ("b", b)) if v is not None and not chance.learned(
-            v.values() if isinstance(v, Mapping) else v)]
+        checked = models.items() if models is not None else (("a", a), ("b", b))
+        fails = [name for name, v in checked if v is not None and not chance.learned(
+            list(v.values()) if isinstance(v, Mapping) else v)]
         if fails:
             verdict = NOT_TESTABLE
             reason = (f"{' and '.join(fails)} has not learned the task: the trivial predictor scores "
