@@ -95,16 +95,31 @@ def test_dplr_precondition_cuda_bf16():
                           torch.bfloat16)
 
 
-def test_auto_dispatch_uses_triton_on_cuda(monkeypatch):
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    from cemlib.kernels import tied_attention_triton
-    calls = []
-    real = tied_attention_triton.attention_forward
-    monkeypatch.setattr(tied_attention_triton, "attention_forward",
-                        lambda *a: calls.append(1) or real(*a))
+# Which launcher each backend reaches: "auto" sends a call that version 2 covers to
+# tied_attention_v2 (dispatch's module docstring); "triton_v1" keeps version 1 for every call.
+_VERSION_OF = {"auto": ("tied_attention_v2", "forward"), "triton_v1": ("tied_attention_triton",
+                                                                     "attention_forward")}
+
+
+def _count_calls(monkeypatch, module_name, attr, owner=None):
+    """Wrap ``cemlib.kernels.<module_name>.<owner>.<attr>`` (the module itself without ``owner``)
+    so that every call appends to the returned list."""
+    import importlib
+    module = importlib.import_module(f"cemlib.kernels.{module_name}")
+    target = getattr(module, owner) if owner else module
+    calls, real = [], getattr(target, attr)
+    monkeypatch.setattr(target, attr, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton_v1"])
+def test_auto_dispatch_uses_triton_on_cuda(monkeypatch, backend):
+    monkeypatch.setenv(dispatch.ENV_VAR, backend)
+    calls = _count_calls(monkeypatch, *_VERSION_OF[backend])
+    other = _count_calls(monkeypatch, *_VERSION_OF["triton_v1" if backend == "auto" else "auto"])
     q = torch.randn(1, 2, 16, 32, device=DEV, dtype=torch.bfloat16)
     dispatch.tied_attention(q, q.clone(), scale=0.2)
-    assert calls == [1]
+    assert calls == [1] and other == []
 
 
 def test_attention_cuda_shared_logits_bf16():
@@ -126,14 +141,14 @@ def test_attention_cuda_shared_logits_bf16():
         [q, kv, qe, ke, sb, cb], kw, torch.bfloat16)
 
 
-def test_auto_dispatch_fuses_the_default_cem_layer(monkeypatch):
-    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    from cemlib.kernels import tied_attention_triton
+@pytest.mark.parametrize("backend,module,owner", [("auto", "tied_attention_v2", "_Call"),
+                                                   ("triton_v1", "tied_attention_triton", "_Launch")])
+def test_auto_dispatch_fuses_the_default_cem_layer(monkeypatch, backend, module, owner):
+    """The default CEM layer (head-shared diagonal, head-summed values) reaches the fused head
+    sum of the version its backend names, forward and backward."""
+    monkeypatch.setenv(dispatch.ENV_VAR, backend)
     from cemlib.layers.cem_attention import CEMAttention
-    calls = []
-    real = tied_attention_triton._Launch.head_sum
-    monkeypatch.setattr(tied_attention_triton._Launch, "head_sum",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _count_calls(monkeypatch, module, "head_sum", owner)
     layer = CEMAttention(768, 12, T=2).to(DEV, torch.bfloat16)
     x = torch.randn(2, 64, 768, device=DEV, dtype=torch.bfloat16, requires_grad=True)
     layer(x).float().square().sum().backward()
