@@ -229,6 +229,21 @@ def test_campaign_stops_a_run_at_the_end_of_its_budget(tmp_path, monkeypatch):
     assert call["left"][0]["stopped_at_budget"] and call["left"][0]["why"] == "stopped at the end of the budget"
 
 
+def test_campaign_waits_for_a_run_that_fits_alone_instead_of_dropping_it(tmp_path, monkeypatch):
+    """Two runs of 100 s each (by estimate) in 200 s with two jobs: beside the first, the second does
+    not fit (1.1 x 100 x 2 > 200), alone it does, so it waits for the first to end and then runs."""
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    runs = plan_runs(1)[:2]
+    call = run_campaign(runs, tmp_path / "out", budget_s=200.0, dry_run=True, jobs=2, verbose=False,
+                        results_root=tmp_path, estimate_s=lambda run: 100.0)
+    assert [e["run"] for e in call["ran"]] == [r.file for r in runs] and not call["left"]
+    assert all(e["shared_gpu_with"] == [] for e in call["ran"])      # one after the other
+    # a run that does not fit even alone is still left at once, and the next one is not blocked
+    call = run_campaign(runs, tmp_path / "out2", budget_s=200.0, dry_run=True, jobs=2, verbose=False,
+                        results_root=tmp_path, estimate_s=lambda run: 250.0 if run is runs[0] else 10.0)
+    assert [e["run"] for e in call["left"]] == [runs[0].file] and [e["run"] for e in call["ran"]] == [runs[1].file]
+
+
 # ------------------------------------------------------------------------------ import and display
 @pytest.fixture(scope="module")
 def gpu_like_results(tmp_path_factory):

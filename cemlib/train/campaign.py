@@ -221,7 +221,10 @@ def run_campaign(runs: list[Run], out_dir: str | Path, budget_s: float, export: 
     A run is skipped when ``out_dir/<folder>/<name>.json`` or ``results_root/<folder>/<name>.json``
     holds a finished run. A run starts only when ``margin`` x its estimate x the number of runs then
     going (``jobs`` at a time share one GPU; none of them is assumed to go faster for it) fits the
-    time that remains; otherwise, or without an estimate, it is left for the next call. At the end
+    time that remains. A run that would fit alone but not beside the runs going waits, in order,
+    until one of them ends (the first H200 call dropped such runs and left the GPU idle for five of
+    its nine minutes); one that does not fit even alone, or has no estimate, is left for the next
+    call. At the end
     of the budget every run still going gets SIGTERM (the trainer saves a checkpoint and partial
     results), SIGKILL ``grace_s`` later, and is left. ``dry_run`` adds :func:`dry_overrides` and
     assumes every run takes ``dry_estimate_s``; ``estimate_s(run)`` replaces the estimates."""
@@ -288,15 +291,19 @@ def run_campaign(runs: list[Run], out_dir: str | Path, budget_s: float, export: 
 
     while pending or active:
         while pending and len(active) < jobs:
-            run = pending.pop(0)
+            run = pending[0]
             est = estimate_s(run)
             left_s = deadline - time.monotonic()
-            if est is None or margin * est * (len(active) + 1) > left_s:
+            if est is None or margin * est > left_s:   # does not fit even alone: left for the next call
+                pending.pop(0)
                 why = "no current estimate (python -m cemlib.train.budget --update)" if est is None else \
                     f"needs ~{est / 60:.1f} min, {max(0.0, left_s) / 60:.1f} min left"
                 call["left"].append({"run": run.file, "estimate_s": est, "why": why})
                 say(f"left  {run.file}: {why}")
                 continue
+            if margin * est * (len(active) + 1) > left_s:
+                break                                   # fits alone: wait until a running one ends
+            pending.pop(0)
             start(run, est)
         for a in active:
             a.shared_with |= {b.run.file for b in active if b is not a}
