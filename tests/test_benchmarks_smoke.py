@@ -150,3 +150,16 @@ def test_gpu_script_finds_autotuners_built_at_first_call():
     module = types.SimpleNamespace(_tuners={("fwd", 64): tuner}, other=1)
     assert gpu_kernels._autotuners(module) == {"fwd@64": tuner}
     assert gpu_kernels._autotuners(types.SimpleNamespace()) == {}
+
+
+def test_sync_check_counts_synchronising_calls_not_the_debug_modes_notice():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_kernels
+    finally:
+        sys.path.pop(0)
+    notice = ("Synchronization debug mode is a prototype feature and does not yet detect all "
+              "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)")
+    call = "called a synchronizing CUDA operation (Triggered internally at c10/cuda/CUDAFunctions.cpp:151.)"
+    assert gpu_kernels.synchronising_calls([notice]) == []
+    assert gpu_kernels.synchronising_calls([notice, call, call]) == [call[:200]] * 2
