@@ -766,8 +766,6 @@ def markdown_card(e: Erratum, proved_here: bool) -> str:
     extra = []
     if e.chapter:
         extra.append(f"Discussed in {where_discussed(e)}.")
-    if e.tests:
-        extra.append("Also tested by " + ", ".join(f"`{t}`" for t in e.tests) + ".")
     if extra:
         lines.append(" ".join(extra))
     return "  \n".join(lines)

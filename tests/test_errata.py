@@ -102,7 +102,7 @@ def test_counts_and_rendering():
     e = errata.by_id("nrgpt-eq24")
     card = errata.markdown_card(e, proved_here=True)
     assert "`nrgpt-eq24`" in card and "checked in the cell above" in card
-    assert "{ref}`erratum <ch07-erratum-ff>`" in card and "`test_nrgpt_energies.py::test_ff2w_paper_eq24_is_wrong`" in card
+    assert "{ref}`erratum <ch07-erratum-ff>`" in card and "test_" not in card     # reader pages name no test files
     table = errata.markdown_table(ERRATA)
     assert table.count("\n") == len(ERRATA) + 1
     with pytest.raises(KeyError):
