@@ -16,8 +16,7 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 # keep in step with cemlib.stored.SHIPPED
-STORED = ("book/results", "benchmarks/results", "benchmarks/compile_kernels.py", "benchmarks/common.py",
-          "benchmarks/outputs.py")
+STORED = ("book/results", "benchmarks/results", "benchmarks/compile_kernels.py", "benchmarks/outputs.py")
 
 
 class build_py_with_stored_results(build_py):

@@ -23,8 +23,7 @@ __all__ = ["SHIPPED", "stored_path", "shipped_root"]
 
 #: repository folders and files shipped inside the wheel, under ``cemlib/_stored/`` (keep in step
 #: with ``STORED`` in ``setup.py``)
-SHIPPED = ("book/results", "benchmarks/results", "benchmarks/compile_kernels.py", "benchmarks/common.py",
-           "benchmarks/outputs.py")
+SHIPPED = ("book/results", "benchmarks/results", "benchmarks/compile_kernels.py", "benchmarks/outputs.py")
 
 
 def _in_checkout(root: Path, rel: str) -> Path | None:

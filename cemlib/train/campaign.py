@@ -224,10 +224,10 @@ def run_campaign(runs: list[Run], out_dir: str | Path, budget_s: float, export: 
     time that remains. A run that would fit alone but not beside the runs going waits, in order,
     until one of them ends (the first H200 call dropped such runs and left the GPU idle for five of
     its nine minutes); one that does not fit even alone, or has no estimate, is left for the next
-    call. At the end
-    of the budget every run still going gets SIGTERM (the trainer saves a checkpoint and partial
-    results), SIGKILL ``grace_s`` later, and is left. ``dry_run`` adds :func:`dry_overrides` and
-    assumes every run takes ``dry_estimate_s``; ``estimate_s(run)`` replaces the estimates."""
+    call. At the end of the budget every run still going gets SIGTERM (the trainer saves a
+    checkpoint and partial results), SIGKILL ``grace_s`` later, and is left. ``dry_run`` adds
+    :func:`dry_overrides` and assumes every run takes ``dry_estimate_s``; ``estimate_s(run)``
+    replaces the estimates."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
     out = Path(out_dir)
