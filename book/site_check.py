@@ -81,7 +81,8 @@ def _section_title(el) -> str:
 def output_blocks(page_html: str) -> list[dict]:
     """The text outputs of a built page: for each ``<pre>`` in a cell's output, the width of its
     longest line in characters, its number of lines, whether it sits in a collapsed (``<details>``)
-    or scrolled output, the section it is in, and its first line."""
+    output or wraps (a cell tagged ``wrap-output``, whose long lines wrap at the column edge:
+    ``book/_static/reader.css``), the section it is in, and its first line."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(page_html, "html.parser")
@@ -92,16 +93,18 @@ def output_blocks(page_html: str) -> list[dict]:
         blocks.append({"chars": max((len(line.expandtabs()) for line in lines), default=0),
                        "lines": len(lines), "section": _section_title(pre), "verdict": bool(VERDICT.search(text)),
                        "collapsed": pre.find_parent("details") is not None,
+                       "wraps": pre.find_parent("div", class_="tag_wrap-output") is not None,
                        "first": next((ln.strip() for ln in lines if ln.strip()), "")[:70]})
     return blocks
 
 
 def static_overflow(html_dir: Path = HTML, widths=tuple(COLUMN_CHARS)) -> dict:
     """``{page name: {"outputs": n, width: [blocks wider than the column at that width],
-    "verdicts": {width: [such blocks that carry a verdict]}}}`` (collapsed outputs excluded)."""
+    "verdicts": {width: [such blocks that carry a verdict]}}}`` (collapsed and wrapping outputs
+    excluded: nothing of them is cut)."""
     report = {}
     for page in chapter_pages(html_dir):
-        blocks = [b for b in output_blocks(page.read_text(encoding="utf-8")) if not b["collapsed"]]
+        blocks = [b for b in output_blocks(page.read_text(encoding="utf-8")) if not (b["collapsed"] or b["wraps"])]
         report[page.name] = {"outputs": len(blocks), "verdicts": {}}
         for w in widths:
             report[page.name][w] = [b for b in blocks if b["chars"] > COLUMN_CHARS[w]]

@@ -12,6 +12,10 @@ code-cell outputs) and the markdown pages. What counts:
   or to repository files outside the library and its benchmark scripts (``book/*.py``, ``.ci/``,
   ``setup.py``). Library sources (``cemlib/...py``) and benchmark scripts (``benchmarks/...py``,
   shipped with the package) may be named.
+- **Wrapping outputs**: a code cell tagged ``wrap-output`` has its long output lines wrapped at the
+  column edge on the website (``book/_static/reader.css``); that is right for sentences (the result
+  of a check) and wrong for an aligned table, whose columns it would garble. A tagged cell may print
+  no aligned line (two words separated by three or more spaces).
 - **Claim labels** (``claim 10``, ``C11``, ``identity 12``) must be defined on the page before
   they are used. A label is defined where it heads a row of a table (a markdown table's first
   cell, or the start of a line of a printed table or list), or where it is introduced in bold
@@ -137,6 +141,38 @@ def violations(path: Path) -> set[tuple[str, str, str]]:
     return found
 
 
+ALIGNED = re.compile(r"\S {3,}\S")      # two words three or more spaces apart: a column of a printed table
+
+
+def cell_output_text(cell) -> str:
+    """The text a code cell shows: its streams and the ``text/plain`` of outputs that have no richer
+    form (an HTML table, Markdown or a figure is laid out by the page, not as printed text)."""
+    parts = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            parts.append(o.get("text", ""))
+        elif o.get("data") and set(o["data"]) == {"text/plain"}:
+            parts.append(o["data"]["text/plain"])
+    return "\n".join(parts)
+
+
+def garbled_by_wrapping(path: Path) -> list[str]:
+    """``cell i: line`` for each aligned line in the output of a cell tagged ``wrap-output``."""
+    if path.suffix != ".ipynb":
+        return []
+    found = []
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type == "code" and "wrap-output" in cell.metadata.get("tags", []):
+            found += [f"cell {i}: {line.strip()[:100]}" for line in cell_output_text(cell).splitlines()
+                      if ALIGNED.search(line)]
+    return found
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_wrapping_outputs_hold_no_aligned_table(path):
+    assert garbled_by_wrapping(path) == []
+
+
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
 def test_no_control_characters(path):
     assert control_characters(path) == []
@@ -156,6 +192,17 @@ def test_no_internal_references_or_undefined_labels(path):
 
 def test_rules_catch_the_known_forms():
     assert control_characters.__doc__
+    wrapped = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("show()", metadata={"tags": ["wrap-output"]})
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="SymPy: the gradient == -sum_j a_j b_j\n"),
+                    nbformat.v4.new_output("display_data", data={"text/plain": "model   loss\nCEM     1.475"})]
+    wrapped.cells = [cell]
+    wrapped_path = Path(pytest.importorskip("tempfile").mkdtemp()) / "w.ipynb"
+    nbformat.write(wrapped, wrapped_path)
+    assert garbled_by_wrapping(wrapped_path) == ["cell 0: model   loss", "cell 0: CEM     1.475"]
+    cell.outputs[1]["data"]["text/html"] = "<table></table>"       # a rendered table: laid out by the page
+    nbformat.write(wrapped, wrapped_path)
+    assert garbled_by_wrapping(wrapped_path) == []
     bad_md = nbformat.v4.new_notebook()
     bad_md.cells = [nbformat.v4.new_markdown_cell("one-hot, $\\mC\x07pprox0$ and $\tau$")]
     bad_path = Path(pytest.importorskip("tempfile").mkdtemp()) / "x.ipynb"
