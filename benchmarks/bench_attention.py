@@ -9,7 +9,10 @@ forward and forward+backward. Methods (:data:`METHODS`; the CEM entry points are
 - ``sdpa_tied``: the same with ``k = v`` (one tensor: the tying CEM has, in SDPA);
 - ``cem_v1`` / ``cem_v2``: the CEM tied attention kernels (ALiBi and self/cross biases, tied
   ``kv``; gradients for q, kv and the biases); ``cem_reference``: the eager reference;
-- ``cem_diag_v1`` / ``cem_diag_v2`` / ``cem_diag_reference``: the call the default CEM layer
+  ``cem_v2_atomic``: v2 with the backward that adds ``dq`` atomically inside the ``d kv`` walk
+  (``atomic_dq=True``: 5 matrix products instead of 7, no second exponential pass);
+- ``cem_diag_v1`` / ``cem_diag_v2`` / ``cem_diag_v2_atomic`` / ``cem_diag_reference``: the call
+  the default CEM layer
   makes (shared diagonal of eq. 12: an extra query/key pair of width D_e = H d shared by the
   heads, with the head-summed diagonal value path);
 - ``flex_alibi`` (CUDA only): compiled FlexAttention with an ALiBi ``score_mod`` and a causal block
@@ -27,6 +30,7 @@ Usage: ``python benchmarks/bench_attention.py`` (GPU) or ``... --cpu-smoke`` (ch
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -41,25 +45,28 @@ import torch.nn.functional as F  # noqa: E402
 
 from cemlib.kernels import reference  # noqa: E402
 
-#: The CEM tied-attention entry points (module, function), each with the contract of
-#: :func:`cemlib.kernels.reference.tied_attention`: ``fn(q, kv, *, scale, alibi, self_bias,
-#: cross_bias, q_extra, k_extra, extra_values, extra_head_sum) -> (o, lse[, o_extra])``.
+#: The CEM tied-attention entry points (module, function[, fixed keyword arguments]), each with
+#: the contract of :func:`cemlib.kernels.reference.tied_attention`: ``fn(q, kv, *, scale, alibi,
+#: self_bias, cross_bias, q_extra, k_extra, extra_values, extra_head_sum) -> (o, lse[, o_extra])``.
 IMPLEMENTATIONS = {
     "v1": ("cemlib.kernels.ops", "tied_attention"),
     "v2": ("cemlib.kernels.tied_attention_v2", "tied_attention"),
+    "v2_atomic": ("cemlib.kernels.tied_attention_v2", "tied_attention", {"atomic_dq": True}),
     "reference": ("cemlib.kernels.reference", "tied_attention"),
 }
-METHODS = ("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_reference", "cem_diag_v1",
-           "cem_diag_v2", "cem_diag_reference", "flex_alibi")
+METHODS = ("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_reference",
+           "cem_diag_v1", "cem_diag_v2", "cem_diag_v2_atomic", "cem_diag_reference", "flex_alibi")
 
 
 def implementation(name: str):
     """``(function or None, record)``: the CEM entry point ``name`` of :data:`IMPLEMENTATIONS`,
     and where it came from, or why it is not available."""
-    module, attr = IMPLEMENTATIONS[name]
-    where = {"implementation": name, "function": f"{module}.{attr}"}
+    module, attr, *fixed = IMPLEMENTATIONS[name]
+    kwargs = fixed[0] if fixed else {}
+    where = {"implementation": name, "function": f"{module}.{attr}", **({"kwargs": kwargs} if kwargs else {})}
     try:
-        return getattr(importlib.import_module(module), attr), {**where, "available": True}
+        fn = getattr(importlib.import_module(module), attr)
+        return (functools.partial(fn, **kwargs) if kwargs else fn), {**where, "available": True}
     except (ImportError, AttributeError) as err:
         return None, {**where, "available": False, "error": f"{type(err).__name__}: {err}"}
 
@@ -165,9 +172,11 @@ def measure(Ts, B, H, d, De, dtype, device, rep, peak_tflops, names=METHODS, dea
     return results, availability
 
 
-def time_ratios(results, pairs=(("cem_v2", "sdpa_untied"), ("cem_v1", "sdpa_untied"),
-                                ("cem_v2", "sdpa_tied"), ("cem_v2", "cem_v1"),
+def time_ratios(results, pairs=(("cem_v2", "sdpa_untied"), ("cem_v2_atomic", "sdpa_untied"),
+                                ("cem_v1", "sdpa_untied"), ("cem_v2", "sdpa_tied"),
+                                ("cem_v2_atomic", "cem_v2"), ("cem_v2", "cem_v1"),
                                 ("cem_diag_v2", "cem_diag_v1"),
+                                ("cem_diag_v2_atomic", "cem_diag_v2"),
                                 ("cem_diag_v1", "cem_diag_reference"))) -> dict:
     """``{"T<T>_<mode>_<a>_over_<b>": time a / time b}`` for the pairs both measured."""
     ratios = {}

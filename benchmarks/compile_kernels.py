@@ -199,19 +199,21 @@ def mlp_v2_elementwise(archs, dtypes) -> list[dict]:
     return rows
 
 
-V2_VARIANTS = {  # name: (biases, extra pair width)
-    "causal": (False, 0),
-    "alibi+self+cross": (True, 0),
-    "shared-logits De=768": (True, 768),
+V2_VARIANTS = {  # name: (biases, extra pair width, atomic dq)
+    "causal": (False, 0, False),
+    "alibi+self+cross": (True, 0, False),
+    "shared-logits De=768": (True, 768, False),
+    "alibi+self+cross atomic-dq": (True, 0, True),
 }
 
 
 def v2_case(dtype, D, variant, L=128):
     """Forward and backward launches of v2 tied attention, every gradient: ``variant`` one of
     :data:`V2_VARIANTS` (with the extra pair: the default CEM layer's call, head-summed extra
-    values). ``q`` and ``kv`` are the layers' head-split views of a (B, L, K D) projection."""
+    values; with atomic dq: the backward without the dq walk, ``v2.use_atomic_dq``). ``q`` and
+    ``kv`` are the layers' head-split views of a (B, L, K D) projection."""
     B, K = 1, 12
-    biases, De = V2_VARIANTS[variant]
+    biases, De, atomic = V2_VARIANTS[variant]
     q = torch.randn(B, L, K, D, dtype=dtype).transpose(1, 2)
     vec = [torch.rand(K) for _ in range(3)] if biases else [None] * 3
     qe = ke = None
@@ -219,7 +221,8 @@ def v2_case(dtype, D, variant, L=128):
         qe, ke = torch.randn(B, L, De, dtype=dtype), torch.randn(B, L, De, dtype=dtype)
     o, lse, oe, e2, a = v2.forward(q, q, 0.125, *vec, qe, ke, bool(De))
     needs = (True, True, False, biases, biases, bool(De), bool(De))
-    v2.backward(o, lse, oe, q, q, o, lse, 0.125, *vec, qe, ke, e2, a, needs)
+    with v2.use_atomic_dq(atomic):
+        v2.backward(o, lse, oe, q, q, o, lse, 0.125, *vec, qe, ke, e2, a, needs)
 
 
 def cases(dtypes):
@@ -295,7 +298,8 @@ def sass_loops(sass: str) -> list[dict]:
 _V2_KINDS = {  # the MMA loops of each v2 kernel in source order: (kind, MMA groups, tile sizes)
     "_fwd_kernel": [("forward", 2, ("BLOCK_M", "BLOCK_N"))],
     "_bwd_kernel": [("backward dkv", 4, ("BLOCK_N1", "BLOCK_M1")),
-                    ("backward dq", 3, ("BLOCK_N1", "BLOCK_N2"))],
+                    ("backward dq", 3, ("BLOCK_N1", "BLOCK_N2")),
+                    ("backward dkv + atomic dq", 5, ("BLOCK_N1", "BLOCK_M1"))],
     "_pre_kernel": [("preprocess row pass", 1, ("BLOCK_M", "BLOCK_N"))],
     "_extra_grads_kernel": [("extra-pair gradients (GEMM, output elements)", None,
                              ("BLOCK_M", "BLOCK_N"))],

@@ -88,7 +88,8 @@ SETTINGS = {
     "gpu": dict(
         dtypes=(torch.bfloat16, torch.float16), rep=100,
         attention=dict(B=8, H=12, d=64, Ts=[512, 1024, 2048, 4096], dtype=torch.bfloat16),
-        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_diag_v1", "cem_diag_v2"),
+        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_diag_v1",
+                 "cem_diag_v2", "cem_diag_v2_atomic"),
         check_attention=[(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)],
         check_diag=[(2, 4, 200, 64)], check_mlp=[(37, 96, 200), (512, 768, 2048)],
         profile_Ts=[512, 1024], profile_iters=10,
@@ -100,7 +101,8 @@ SETTINGS = {
     "dry": dict(
         dtypes=(torch.float16,), rep=2,
         attention=dict(B=1, H=2, d=16, Ts=[16], dtype=torch.float32),
-        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_diag_v1"),
+        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_diag_v1",
+                 "cem_diag_v2_atomic"),
         check_attention=[(1, 2, 13, 16)], check_diag=[(1, 2, 9, 16)], check_mlp=[(5, 12, 40)],
         profile_Ts=[16], profile_iters=2,
         sweep_n=4096, sweep_blocks=(1024, 4096), sweep_warps=(4,), sweep_rep=2,
@@ -159,7 +161,7 @@ def correctness(s, device, deadline):
                                error=f"{type(err).__name__}: {err}"))
         print(what, shape, dtype, checks[-1].get("passed", checks[-1].get("skipped")), flush=True)
 
-    for impl in ("v1", "v2"):
+    for impl in ("v1", "v2", "v2_atomic"):
         fn, availability[f"attention_{impl}"] = bench_attention.implementation(impl)
         if fn is None:
             continue

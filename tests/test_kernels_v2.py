@@ -10,6 +10,7 @@ within the FlashAttention criterion, an error against float64 at most twice that
 PyTorch reference (plus a small floor for what the reference gets exactly).
 """
 
+import functools
 import itertools
 
 import pytest
@@ -126,6 +127,56 @@ def test_v2_learned_alibi_slopes():
         assert rel_err(got_g["q"], ref_g["q"]) <= 1e-5
 
 
+ATOMIC_CASES = [CASES[i] for i in (1, 2, 3, 4, 5, 7)]
+
+
+@pytest.mark.parametrize("case", ATOMIC_CASES)
+def test_v2_atomic_dq_matches_the_float64_reference(case):
+    """The backward that adds each tile's share of dq atomically inside the d kv walk (no dq
+    walk) gives the same gradients: float32, and float16 through its float32 buffer."""
+    B, K, L, D, biases, De, values, used = case
+    inp = make_inputs(B, K, L, D, biases, De, seed=5)
+    ref, ref_g = run(reference.tied_attention, inp, torch.float64, values=values, outputs=used)
+    with v2.use_atomic_dq():
+        assert v2.atomic_dq_enabled()
+        got, got_g = run(v2.tied_attention, inp, torch.float32, values=values, outputs=used)
+    assert not v2.atomic_dq_enabled()
+    for name in ref_g:
+        assert got_g[name].dtype == torch.float32
+        assert rel_err(got_g[name], ref_g[name]) <= 1e-5, (name, rel_err(got_g[name], ref_g[name]))
+
+
+def test_v2_atomic_dq_float16_tiles_and_slopes():
+    inp = make_inputs(1, 2, 33, 16, De=24, seed=6)
+    inp16 = {n: t.half() for n, t in inp.items()}
+    exact, exact_g = run(reference.tied_attention, {n: t.double() for n, t in inp16.items()},
+                         torch.float64, scale=0.25, values=True)
+    ref, ref_g = run(reference.tied_attention, inp16, torch.float16, scale=0.25, values=True)
+    with v2.use_atomic_dq():
+        got, got_g = run(v2.tied_attention, inp16, torch.float16, scale=0.25, values=True)
+    for name in exact_g:
+        assert got_g[name].dtype == torch.float16
+        assert rel_err(got_g[name], exact_g[name]) <= 2 * rel_err(ref_g[name], exact_g[name]) \
+            + 2e-3, name
+    # unequal tiles both ways: the atomic adds land on query tiles that straddle key blocks
+    inp = make_inputs(1, 2, 70, 16, seed=7)
+    ref, ref_g = run(reference.tied_attention, inp, torch.float64)
+    for bwd in (dict(BLOCK_M1=32, BLOCK_N1=16, BLOCK_N2=32), dict(BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16)):
+        with v2.use_atomic_dq(), v2.use_configs(bwd=bwd):
+            got, got_g = run(v2.tied_attention, inp, torch.float32)
+        assert rel_err(got_g["q"], ref_g["q"]) <= 1e-5, bwd
+    # per call: atomic_dq=True without the module setting, saved for that call's backward
+    got, got_g = run(functools.partial(v2.tied_attention, atomic_dq=True), inp, torch.float32)
+    assert not v2.atomic_dq_enabled() and rel_err(got_g["q"], ref_g["q"]) <= 1e-5
+    # learned ALiBi slopes need the dq walk's row sums: the call walks, and is right
+    inp = make_inputs(2, 2, 27, 8, seed=8)
+    ref, ref_g = run(reference.tied_attention, inp, torch.float64, learn_alibi=True)
+    with v2.use_atomic_dq():
+        got, got_g = run(v2.tied_attention, inp, torch.float32, learn_alibi=True)
+    assert rel_err(got_g["alibi"], ref_g["alibi"]) <= 1e-5
+    assert rel_err(got_g["q"], ref_g["q"]) <= 1e-5
+
+
 @pytest.mark.parametrize("configs", [
     dict(fwd=dict(BLOCK_M=16, BLOCK_N=32), bwd=dict(BLOCK_M1=32, BLOCK_N1=16, BLOCK_N2=32),
          pre=dict(BLOCK_M=16, BLOCK_N=32), headsum=dict(BLOCK_M=32, BLOCK_N=16),
@@ -240,7 +291,8 @@ def test_dispatch_routes_triton_to_v2_and_v1(monkeypatch):
 
 def test_v2_traces_under_torch_compile():
     """While compiling, v2 runs as two opaque custom ops: no graph break (fullgraph), the same
-    values and gradients as the eager autograd.Function."""
+    values and gradients as the eager autograd.Function (one call with the atomic-dq backward,
+    whose flag the custom op carries to its backward)."""
     plain = make_inputs(1, 2, 11, 8)
     shared = make_inputs(1, 2, 11, 8, De=12, seed=5)
     torch._dynamo.reset()
@@ -249,7 +301,7 @@ def test_v2_traces_under_torch_compile():
         o, lse = v2.tied_attention(q, kv, scale=0.5, alibi=plain["alibi"].float().to(DEVICE),
                                    self_bias=sb, cross_bias=cb)
         o2, lse2, oe = v2.tied_attention(q, kv, scale=0.5, q_extra=qe, k_extra=ke,
-                                         extra_values=True, extra_head_sum=True)
+                                         extra_values=True, extra_head_sum=True, atomic_dq=True)
         return (-lse.sum() * 2 + o.square().sum() + o2.square().sum() + lse2.sum()
                 + oe.square().sum())
 

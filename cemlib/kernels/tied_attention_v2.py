@@ -32,7 +32,11 @@ move out of the loops does.
   ``1/tau``, and the diagonal score gradient ``dS_ii`` per row, from which the self and cross bias
   gradients follow (``sum_j dS_ij = dlse_i``: the cross gradient is ``sum dlse - sum dS_ii``);
   program 0 of each head of the main kernel folds these rows into the two gradients, in a fixed
-  order (deterministic, no atomics, no extra launch).
+  order (deterministic, no atomics, no extra launch). Optionally (``atomic_dq``, off by default:
+  :func:`atomic_dq_enabled`) the ``dq`` walk is skipped and the ``d kv`` walk adds each tile's
+  share of ``dq`` to a float32 buffer with atomic adds, as FlashAttention-2 does: 5 matrix
+  products per score element instead of 7 and one exponential pass instead of two, at the price
+  of a ``dq`` whose rounding depends on the order of the adds.
 - No ALiBi-slope gradient unless the slopes require grad (every cemlib layer keeps them in a
   buffer); when they do, the ``dq`` loop adds ``sum_j dS_ij (i - j)`` per row.
 - Autotuned on the GPU over tiles, warps and stages (:data:`GPU_CONFIGS`, every entry compiles
@@ -82,9 +86,10 @@ from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
+_atomic_dq = [os.environ.get("CEMLIB_ATOMIC_DQ", "0") == "1"]
 
 __all__ = ["tied_attention", "covers", "forward", "backward", "GPU_CONFIGS",
-           "INTERPRETER_CONFIGS", "use_configs", "INTERPRET"]
+           "INTERPRETER_CONFIGS", "use_configs", "use_atomic_dq", "atomic_dq_enabled", "INTERPRET"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -273,16 +278,18 @@ def _rowdot_step(rho, q, r, ramp, KVb, eb, dpb, start_n, start_m, offs_m, offs_d
 # DELTA_i = scale (o_i.do_i - dlse_i [+ sum_j P_ij dPB_ij]) (0 on padding rows).
 
 @triton.jit
-def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, SLOPE, SELF, CROSS, EB, DPB,
+def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, DQA, SLOPE, SELF, CROSS, EB, DPB,
                 sb, sk, sl, dob, dok, dol, n_heads, L, Lp, c, scale,
                 D: tl.constexpr, HAS_DLSE: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                ZERO_DQ: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr, HAS_CROSS: tl.constexpr,
                 HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
                 PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr):
     """One program per (row block of the padded length ``Lp``, batch*head): ``R`` and
     ``DELTA`` (the ``sum_j P_ij dPB_ij`` term, a row pass, for a gradient ``DPB`` of the
-    head-summed probabilities); with ``BIAS_GRAD`` also ``DSII_i = dS_ii``."""
+    head-summed probabilities); with ``BIAS_GRAD`` also ``DSII_i = dS_ii``; with ``ZERO_DQ``
+    it zeroes its rows of the ``dq`` buffer ``DQA`` that the main kernel's atomic adds fill."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -300,6 +307,9 @@ def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, SLOPE, SELF, CROSS, EB,
     lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
     rr = lse * LOG2E - cross2
     tl.store(R + prow, rr, mask=pad_ok)
+    if ZERO_DQ:
+        _store_rows(DQA + base, tl.zeros([BLOCK_M, BLOCK_D], ACC), offs_m, row_ok, offs_d, sl, D,
+                    BLOCK_D)
     do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True).to(ACC)
     o = _load_rows(O + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True).to(ACC)
     delta = tl.sum(o * do, 1)
@@ -343,17 +353,20 @@ def _pre_kernel(Q, KV, O, DO, LSE, DLSE, R, DELTA, DSII, SLOPE, SELF, CROSS, EB,
 
 
 @triton.jit
-def _dkv_step(dkv, kv, keyterm, ramp_m, Qb, DOb, eb, dpb, R, DELTA, prow0, start_m, start_n,
-              offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2, diag2, BAND: tl.constexpr,
-              D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-              HAS_DIAG: tl.constexpr, HAS_DPB: tl.constexpr, ACC: tl.constexpr,
-              PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _dkv_step(dkv, kv, keyterm, ramp_m, Qb, DOb, DQAb, eb, dpb, R, DELTA, prow0, start_m,
+              start_n, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2, diag2,
+              BAND: tl.constexpr, D: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr, HAS_DPB: tl.constexpr,
+              ATOMIC_DQ: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """One query tile of ``d kv`` for a fixed key block, in the transposed orientation (keys as
     rows, so that ``P^T`` is the left operand straight from registers):
     ``d kv += P^T do + (scale dS)^T q``, both products into the same accumulator. The ALiBi
     term ``slope2 (j - i)`` is ``keyterm_j - sigma - ramp_m_i`` with the loop-invariant
     ``keyterm = slope2 (j - start_n)``, ``ramp_m = slope2 (i - start_m)`` and the tile offset
-    ``sigma = slope2 (start_m - start_n)``."""
+    ``sigma = slope2 (start_m - start_n)``. With ``ATOMIC_DQ`` the tile's share of ``dq``,
+    ``(scale dS) kv``, is added to the accumulation-dtype buffer at ``DQAb`` with atomic adds
+    (FlashAttention-2's backward: no second walk recomputing ``P`` and ``dP``)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     row_ok = offs_m < L
     q = _load_rows(Qb, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
@@ -379,7 +392,15 @@ def _dkv_step(dkv, kv, keyterm, ramp_m, Qb, DOb, eb, dpb, R, DELTA, prow0, start
         dpt += _square_tile(dpb, offs_m, offs_n, L, BAND).to(ACC).T
     dst = pt * (dpt * scale - dlt[None, :])
     dkv = tl.dot(pt.to(do.dtype), do, dkv, out_dtype=ACC, input_precision=PREC)  # value role
-    dkv = tl.dot(dst.to(q.dtype), q, dkv, out_dtype=ACC, input_precision=PREC)  # key role
+    dst = dst.to(q.dtype)
+    dkv = tl.dot(dst, q, dkv, out_dtype=ACC, input_precision=PREC)  # key role
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(dst), kv, out_dtype=ACC, input_precision=PREC)  # (queries, D)
+        p = DQAb + offs_m[:, None] * sl + offs_d[None, :]
+        if BLOCK_D == D:
+            tl.atomic_add(p, dq, mask=row_ok[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(p, dq, mask=row_ok[:, None] & (offs_d[None, :] < D), sem="relaxed")
     return dkv
 
 
@@ -410,18 +431,20 @@ def _dq_step(dq, sd, q, do, r, dlt, ramp, KVb, eb, dpb, start, start_n, offs_m, 
 
 
 @triton.jit
-def _bwd_kernel(Q, KV, DO, DQ, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST, SLOPE, SELF,
-                CROSS, EB, DPB, sb, sk, sl, dob, dok, dol, n_heads, n_batch, L, Lp, c, scale,
-                D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
+def _bwd_kernel(Q, KV, DO, DQ, DQA, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST, SLOPE,
+                SELF, CROSS, EB, DPB, sb, sk, sl, dob, dok, dol, n_heads, n_batch, L, Lp, c,
+                scale, D: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SELF: tl.constexpr,
                 HAS_CROSS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DPB: tl.constexpr,
                 HAS_DLSE: tl.constexpr, SELF_GRAD: tl.constexpr, CROSS_GRAD: tl.constexpr,
-                SLOPE_GRAD: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
-                BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_N2: tl.constexpr,
-                BLOCK_D: tl.constexpr):
+                SLOPE_GRAD: tl.constexpr, ATOMIC_DQ: tl.constexpr, ACC: tl.constexpr,
+                PREC: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                BLOCK_N2: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (block n, batch*head): ``d kv`` of key block n (query tiles of
     ``BLOCK_M1``), then ``dq`` of query block n (key tiles of ``BLOCK_N2``); both blocks are
-    ``BLOCK_N1`` long. Program 0 of head k also folds the rows of ``DSII`` into the self and
-    cross bias gradients of head k."""
+    ``BLOCK_N1`` long. With ``ATOMIC_DQ`` (never with ``SLOPE_GRAD``) there is no ``dq`` walk:
+    the ``d kv`` walk adds each tile's share of ``dq`` to ``DQA`` (zeroed by the preprocess
+    kernel). Program 0 of head k also folds the rows of ``DSII`` into the self and cross bias
+    gradients of head k."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -445,42 +468,45 @@ def _bwd_kernel(Q, KV, DO, DQ, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DSDIST,
     ramp_m = slope2 * tl.arange(0, BLOCK_M1).to(tl.float32)
     dkv = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
     for start_m in range(start, tl.minimum(start + BLOCK_N1, L), BLOCK_M1):
-        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, eb, dpb, R, DELTA, prow0,
-                        start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2,
-                        diag2, True, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
-                        BLOCK_M1, BLOCK_D)
+        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, DQA + base, eb, dpb, R,
+                        DELTA, prow0, start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c,
+                        scale, slope2, diag2, True, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB,
+                        ATOMIC_DQ, ACC, PREC, BLOCK_M1, BLOCK_D)
     below = start + (BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1 * BLOCK_M1
     for start_m in range(below, L, BLOCK_M1):
-        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, eb, dpb, R, DELTA, prow0,
-                        start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c, scale, slope2,
-                        diag2, False, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, ACC, PREC,
-                        BLOCK_M1, BLOCK_D)
+        dkv = _dkv_step(dkv, kv, keyterm, ramp_m, Q + base, DO + dbase, DQA + base, eb, dpb, R,
+                        DELTA, prow0, start_m, start, offs_n, col_ok, offs_d, sl, dol, L, c,
+                        scale, slope2, diag2, False, D, HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB,
+                        ATOMIC_DQ, ACC, PREC, BLOCK_M1, BLOCK_D)
     _store_rows(DKV + base, dkv, offs_n, col_ok, offs_d, sl, D, BLOCK_D)
 
     # dq of queries [start, start + BLOCK_N1): key tiles from the left, the band last
-    offs_m = offs_n
-    row_ok = col_ok
-    q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
-    do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True)
-    r = tl.load(R + prow0 + offs_m)
-    if HAS_ALIBI:
-        r = r + keyterm  # slope2 (i - start)
-    dlt = tl.load(DELTA + prow0 + offs_m)
-    ramp = _alibi_ramp(slope2, BLOCK_N2, HAS_ALIBI)
-    dq = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
-    sd = tl.zeros([BLOCK_N1], ACC)
-    band = start // BLOCK_N2 * BLOCK_N2
-    for start_n in range(0, band, BLOCK_N2):
-        dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
-                          offs_m, offs_d, sl, L, c, scale, slope2, diag2, False, D, HAS_ALIBI,
-                          HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
-    for start_n in range(band, tl.minimum(start + BLOCK_N1, L), BLOCK_N2):
-        dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
-                          offs_m, offs_d, sl, L, c, scale, slope2, diag2, True, D, HAS_ALIBI,
-                          HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
-    _store_rows(DQ + base, dq, offs_m, row_ok, offs_d, sl, D, BLOCK_D)
-    if SLOPE_GRAD:
-        tl.store(DSDIST + bh.to(tl.int64) * L + offs_m, sd, mask=row_ok)
+    if not ATOMIC_DQ:
+        offs_m = offs_n
+        row_ok = col_ok
+        q = _load_rows(Q + base, offs_m, row_ok, offs_d, sl, D, BLOCK_D, True)
+        do = _load_rows(DO + dbase, offs_m, row_ok, offs_d, dol, D, BLOCK_D, True)
+        r = tl.load(R + prow0 + offs_m)
+        if HAS_ALIBI:
+            r = r + keyterm  # slope2 (i - start)
+        dlt = tl.load(DELTA + prow0 + offs_m)
+        ramp = _alibi_ramp(slope2, BLOCK_N2, HAS_ALIBI)
+        dq = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
+        sd = tl.zeros([BLOCK_N1], ACC)
+        band = start // BLOCK_N2 * BLOCK_N2
+        for start_n in range(0, band, BLOCK_N2):
+            dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                              offs_m, offs_d, sl, L, c, scale, slope2, diag2, False, D,
+                              HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC,
+                              BLOCK_N2, BLOCK_D)
+        for start_n in range(band, tl.minimum(start + BLOCK_N1, L), BLOCK_N2):
+            dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                              offs_m, offs_d, sl, L, c, scale, slope2, diag2, True, D,
+                              HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC,
+                              BLOCK_N2, BLOCK_D)
+        _store_rows(DQ + base, dq, offs_m, row_ok, offs_d, sl, D, BLOCK_D)
+        if SLOPE_GRAD:
+            tl.store(DSDIST + bh.to(tl.int64) * L + offs_m, sd, mask=row_ok)
 
     if SELF_GRAD or CROSS_GRAD:
         if (pid == 0) & (bh < n_heads):  # fold head k's rows, in a fixed order
@@ -851,8 +877,29 @@ def use_configs(**configs):
         _override.update(previous)
 
 
+def atomic_dq_enabled() -> bool:
+    """Whether the backward accumulates ``dq`` with atomic adds in the ``d kv`` walk (5 matrix
+    products and one exponential pass per score element, as FlashAttention-2) instead of a
+    second walk over key tiles (7 products, two passes; deterministic). Off by default until a
+    GPU measurement says where it pays; ``CEMLIB_ATOMIC_DQ=1`` (read at import) or
+    :func:`use_atomic_dq` turns it on. Calls that need the ALiBi-slope gradient always walk."""
+    return _atomic_dq[0]
+
+
+@contextlib.contextmanager
+def use_atomic_dq(enabled: bool = True):
+    """Run the backward with (or without) the atomic ``dq`` accumulation inside the block."""
+    previous = _atomic_dq[0]
+    _atomic_dq[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _atomic_dq[0] = previous
+
+
 _TUNE_KEYS = ("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_DPB", "HAS_DLSE",
-              "SELF_GRAD", "CROSS_GRAD", "SLOPE_GRAD", "BIAS_GRAD", "GRAD", "HAS_A", "DE")
+              "SELF_GRAD", "CROSS_GRAD", "SLOPE_GRAD", "BIAS_GRAD", "GRAD", "HAS_A", "DE",
+              "ATOMIC_DQ", "ZERO_DQ")
 
 
 def _select(name: str, device: torch.device, block_d: int):
@@ -881,7 +928,11 @@ def _launch(name, kernel, grid, args, meta, block_d, device):
             warps, stages = c.pop("num_warps"), c.pop("num_stages")
             configs.append(triton.Config(c, num_warps=warps, num_stages=stages))
         names = kernel.arg_names
-        _tuners[key] = triton.autotune(configs, key=[k for k in _TUNE_KEYS if k in names])(kernel)
+        # the atomic-dq backward accumulates into DQA: zeroed before every timed run and before
+        # the run that counts (in the walk variant DQA is dq itself, overwritten anyway)
+        reset = ["DQA"] if name == "bwd" else None
+        _tuners[key] = triton.autotune(configs, key=[k for k in _TUNE_KEYS if k in names],
+                                       reset_to_zero=reset)(kernel)
     _tuners[key][grid](*args, **meta)
 
 
@@ -971,9 +1022,11 @@ class _Call:
                     GRAD=grad, HAS_DPB=dpb is not None)
         return out
 
-    def backward(self, o, lse, do, dlse, e2, dpb, need_self, need_cross, need_slope):
+    def backward(self, o, lse, do, dlse, e2, dpb, need_self, need_cross, need_slope,
+                 atomic_dq=None):
         """``(dq, dkv, dalibi, dself, dcross, rows)``: gradients not needed are ``None``;
-        ``rows = (R, DELTA)``, the padded row vectors of :func:`_pre_kernel`."""
+        ``rows = (R, DELTA)``, the padded row vectors of :func:`_pre_kernel`; ``atomic_dq``:
+        see :func:`tied_attention` (``None``: :func:`atomic_dq_enabled`)."""
         B, K, L = self.B, self.K, self.L
         Lp = L + ROW_PAD
         dstr = do.stride()[:3]
@@ -983,20 +1036,27 @@ class _Call:
         dsii = torch.empty((B, K, L), dtype=self.acc, device=self.device) if bias_grad else r
         common = (*self.vec, e2 if e2 is not None else self.q, dpb if dpb is not None else self.q)
         dlse_arg = dlse if dlse is not None else lse
-        self.launch("pre", _pre_kernel, lambda cfg: (triton.cdiv(Lp, cfg["BLOCK_M"]), B * K),
-                    (self.q, self.kv, o, do, lse, dlse_arg, r, delta, dsii, *common,
-                     *self.strides, *dstr, K, L, Lp, self.c, self.scale),
-                    HAS_DLSE=dlse is not None, BIAS_GRAD=bias_grad, HAS_DPB=dpb is not None)
         dq, dkv = torch.empty_like(self.q), torch.empty_like(self.kv)
+        atomic = (atomic_dq_enabled() if atomic_dq is None else bool(atomic_dq)) and not need_slope
+        # the atomic adds' buffer: dq itself in the accumulation dtype (float32, float64), else a
+        # float32 copy laid out like q (same strides), converted at the end
+        dqa = (dq if dq.dtype == self.acc else torch.empty_like(self.q, dtype=self.acc)) if atomic else dq
+        self.launch("pre", _pre_kernel, lambda cfg: (triton.cdiv(Lp, cfg["BLOCK_M"]), B * K),
+                    (self.q, self.kv, o, do, lse, dlse_arg, r, delta, dsii, dqa, *common,
+                     *self.strides, *dstr, K, L, Lp, self.c, self.scale),
+                    HAS_DLSE=dlse is not None, BIAS_GRAD=bias_grad, HAS_DPB=dpb is not None,
+                    ZERO_DQ=atomic)
         dself = torch.empty_like(self.self_bias) if need_self else r
         dcross = torch.empty_like(self.cross_bias) if need_cross else r
         dsdist = torch.empty((B, K, L), dtype=self.acc, device=self.device) if need_slope else r
         n = self.blocks("BLOCK_N1")
         self.launch("bwd", _bwd_kernel, lambda cfg: (n(cfg), B * K),
-                    (self.q, self.kv, do, dq, dkv, r, delta, dsii, dlse_arg, dself, dcross,
+                    (self.q, self.kv, do, dq, dqa, dkv, r, delta, dsii, dlse_arg, dself, dcross,
                      dsdist, *common, *self.strides, *dstr, K, B, L, Lp, self.c, self.scale),
                     HAS_DPB=dpb is not None, HAS_DLSE=dlse is not None, SELF_GRAD=need_self,
-                    CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope)
+                    CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope, ATOMIC_DQ=atomic)
+        if dqa is not dq:
+            dq.copy_(dqa)
         dalibi = None
         if need_slope:  # d s_ij / d m = -(i - j); the kernel summed (scale dS_ij)(i - j)
             dalibi = (dsdist.sum((0, 2)) * (-1.0 / self.scale)).to(self.alibi.dtype)
@@ -1043,10 +1103,11 @@ def forward(q, kv, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=N
 
 
 def backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra,
-             k_extra, e2, a, needs):
+             k_extra, e2, a, needs, atomic_dq=None):
     """Gradients ``(dq, dkv, dalibi, dself, dcross, dq_extra, dk_extra)`` (``None`` where not
     needed); ``needs``: which of ``(q, kv, alibi, self_bias, cross_bias, q_extra, k_extra)``
-    need one (q and kv always get theirs). ``dlse``/``doe`` may be ``None`` (zero)."""
+    need one (q and kv always get theirs). ``dlse``/``doe`` may be ``None`` (zero);
+    ``atomic_dq``: see :func:`tied_attention`."""
     run = _Call(q, kv, scale, alibi, self_bias, cross_bias, q_extra is not None)
     do = _unit_rows(do) if do is not None else torch.zeros_like(o)
     if dlse is not None:
@@ -1057,7 +1118,7 @@ def backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, 
     need_slope = bool(needs[2])
     dq, dkv, dalibi, dself, dcross, rows = run.backward(o, lse, do, dlse, e2, dpb,
                                                          bool(needs[3]), bool(needs[4]),
-                                                         need_slope)
+                                                         need_slope, atomic_dq)
     dqe = dke = None
     if q_extra is not None and (needs[5] or needs[6]):
         g = run.head_sum(lse, e2, do, rows, dpb)
@@ -1072,11 +1133,12 @@ class _TiedAttention(torch.autograd.Function):
     """Eager entry: forward and backward call the launchers directly."""
 
     @staticmethod
-    def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+    def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
+                atomic_dq):
         o, lse, oe, e2, a = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
                                     extra_values)
         ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a)
-        ctx.scale = scale
+        ctx.scale, ctx.atomic_dq = scale, atomic_dq
         ctx.set_materialize_grads(False)  # unused outputs (lse, in the layers) cost nothing
         return (o, lse, oe) if extra_values else (o, lse)
 
@@ -1087,8 +1149,8 @@ class _TiedAttention(torch.autograd.Function):
         n = ctx.needs_input_grad
         dq, dkv, dalibi, dself, dcross, dqe, dke = backward(
             do, dlse, doe, q, kv, o, lse, ctx.scale, alibi, self_bias, cross_bias, q_extra,
-            k_extra, e2, a, (n[0], n[1], n[3], n[4], n[5], n[6], n[7]))
-        return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None
+            k_extra, e2, a, (n[0], n[1], n[3], n[4], n[5], n[6], n[7]), ctx.atomic_dq)
+        return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
 
 
 def _empty(t: Tensor) -> Tensor:
@@ -1098,7 +1160,7 @@ def _empty(t: Tensor) -> Tensor:
 @custom_op("cemlib::tied_attention_v2_fwd", mutates_args=())
 def _fwd_op(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
             self_bias: Optional[Tensor], cross_bias: Optional[Tensor], q_extra: Optional[Tensor],
-            k_extra: Optional[Tensor], extra_values: bool
+            k_extra: Optional[Tensor], extra_values: bool, atomic_dq: int
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q):
         out = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values)
@@ -1106,7 +1168,7 @@ def _fwd_op(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
 
 
 @_fwd_op.register_fake
-def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values, atomic_dq):
     B, K, L, _ = q.shape
     acc = _acc_dtype(q.dtype)
     square = q.new_empty((B, L, L)) if q_extra is not None else _empty(q)
@@ -1120,16 +1182,16 @@ def _bwd_op(do: Optional[Tensor], dlse: Optional[Tensor], doe: Optional[Tensor],
             kv: Tensor, o: Tensor, lse: Tensor, scale: float, alibi: Optional[Tensor],
             self_bias: Optional[Tensor], cross_bias: Optional[Tensor], q_extra: Optional[Tensor],
             k_extra: Optional[Tensor], e2: Optional[Tensor], a: Optional[Tensor],
-            needs: list[bool]) -> list[Tensor]:
+            needs: list[bool], atomic_dq: int) -> list[Tensor]:
     with _on_device(q):
         grads = backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias,
-                         q_extra, k_extra, e2, a, needs)
+                         q_extra, k_extra, e2, a, needs, None if atomic_dq < 0 else bool(atomic_dq))
     return [g if g is not None else _empty(q) for g in grads]
 
 
 @_bwd_op.register_fake
 def _(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a,
-      needs):
+      needs, atomic_dq):
     like = [q, kv, alibi, self_bias, cross_bias, q_extra, k_extra]
     flags = [True, True, *needs[2:]]
     out = []
@@ -1139,11 +1201,11 @@ def _(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra
 
 
 def _op_setup(ctx, inputs, output):
-    q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values = inputs
+    q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values, atomic_dq = inputs
     o, lse, _, e2, a = output
     ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra,
                           e2 if q_extra is not None else None, a if extra_values else None)
-    ctx.scale = scale
+    ctx.scale, ctx.atomic_dq = scale, atomic_dq
 
 
 def _op_backward(ctx, do, dlse, doe, _de2, _da):
@@ -1151,10 +1213,10 @@ def _op_backward(ctx, do, dlse, doe, _de2, _da):
     n = ctx.needs_input_grad
     needs = [n[0], n[1], n[3], n[4], n[5], n[6], n[7]]
     g = _bwd_op(do, dlse, doe if a is not None else None, q, kv, o, lse, ctx.scale, alibi,
-                self_bias, cross_bias, q_extra, k_extra, e2, a, needs)
+                self_bias, cross_bias, q_extra, k_extra, e2, a, needs, ctx.atomic_dq)
     dq, dkv, dalibi, dself, dcross, dqe, dke = [gi if need else None
                                                 for gi, need in zip(g, [True, True, *needs[2:]])]
-    return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None
+    return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
 
 
 _fwd_op.register_autograd(_op_backward, setup_context=_op_setup)
@@ -1166,11 +1228,13 @@ def _on_device(t: Tensor):
 
 
 def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
-                   k_extra=None, extra_values=False, extra_head_sum=False):
+                   k_extra=None, extra_values=False, extra_head_sum=False, atomic_dq=None):
     """The v2 kernels with the contract of :func:`cemlib.kernels.reference.tied_attention`;
     returns ``(o, lse[, o_extra])`` (``o_extra`` head-summed, (B, L, D_e)). Takes the calls
     :func:`covers` accepts (a ``ValueError`` otherwise); inputs are not validated further
-    (:func:`cemlib.kernels.dispatch.tied_attention` does that)."""
+    (:func:`cemlib.kernels.dispatch.tied_attention` does that). ``atomic_dq``: whether this
+    call's backward adds ``dq`` atomically inside the ``d kv`` walk (``None``: the module's
+    setting, :func:`atomic_dq_enabled`, read when the backward runs)."""
     if not covers(q, q_extra, extra_values, extra_head_sum):
         raise ValueError("tied_attention_v2 takes head widths up to 128 and no extra pair or a "
                          "head-shared one (B, L, D_e) with head-summed extra values; per-head "
@@ -1179,8 +1243,8 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
     extra_values = bool(extra_values)
     if torch.compiler.is_compiling():
         o, lse, oe, _, _ = _fwd_op(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
-                                   k_extra, extra_values)
+                                   k_extra, extra_values, -1 if atomic_dq is None else int(atomic_dq))
         return (o, lse, oe) if extra_values else (o, lse)
     with _on_device(q):
         return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
-                                    k_extra, extra_values)
+                                    k_extra, extra_values, atomic_dq)
