@@ -30,7 +30,9 @@ if importlib.util.find_spec("triton") is None:
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 V2_KERNELS = {"_fwd_kernel", "_pre_kernel", "_bwd_kernel", "_headsum_kernel", "_extra_grads_kernel"}
-BUDGET = {"forward": 12, "backward dkv": 20, "backward dq": 20}
+# non-MMA instructions per score element of each main loop (below the diagonal band); the
+# atomic-dq backward's one loop does the work of both backward loops and keeps one loop's budget
+BUDGET = {"forward": 12, "backward dkv": 20, "backward dq": 20, "backward dkv + atomic dq": 20}
 
 
 def check_v2_records(records):
