@@ -146,6 +146,29 @@ def test_explorer_frame_natural_size_legend_busy_and_frozen_layout():
     assert after == before
 
 
+def test_every_explorer_fits_beside_its_controls_on_a_laptop():
+    """At 1366 px the plot and the column of controls sit side by side (nothing below the fold of
+    a 768 px high screen): every explorer's PNG is narrow enough. The benchmark explorer is checked
+    in test_viz_benchmark.py."""
+    pytest.importorskip("ipywidgets")
+    from cemlib.viz import energy2d as E2
+    from cemlib.viz.gp import gp_slice_explorer
+    from cemlib.viz.hyperset import circle_flow_explorer
+    from cemlib.viz.nrgpt import token_energy_explorer
+    from cemlib.viz.roofline import roofline_explorer
+
+    land = lambda tau: E2.cem_attention_landscape(PATTERNS, tau=tau)
+    explorers = [Wd.landscape_explorer(PATTERNS, steps=2),
+                 E2.energy_explorer(land, {"tau": ("temperature τ", 0.1, 4.0, 0.05, 1.0)}, steps=2),
+                 roofline_explorer(phase="forward", L=1024), gp_slice_explorer("rbf", 1.0),
+                 token_energy_explorer(c=0.05, steps=3, d_model=8, n_tokens=4),
+                 circle_flow_explorer("cem", steps=3)]
+    for w in explorers:
+        assert Wd.fits_beside(w.image.value), (type(w).__name__, w.image.layout.width)
+    wide = Wd.render_landscape_png(PATTERNS, torch.tensor([1.0, 1.0], dtype=f64), figsize=(6.0, 3.8))[0]
+    assert not Wd.fits_beside(wide)                                   # 480 px + 12 + 320 > 755
+
+
 def test_leaves_frame():
     assert not Wd.leaves_frame(torch.tensor([[0.0, 0.0], [1.9, -1.9]]), (-2, 2), (-2, 2))
     assert Wd.leaves_frame(torch.tensor([[0.0, 0.0], [2.5, 0.0]]), (-2, 2), (-2, 2))

@@ -85,6 +85,8 @@ def test_png_and_explorer(sweep):
     sweeps = {"listops": sweep, "other": {"cem": sweep["cem"]}}
     ex = V.bench_explorer(sweeps, {"listops": ["test_accuracy", "val_loss"], "other": ["val_loss"]})
     assert repr(ex) == "BenchExplorer(task='listops', metric='test_accuracy', models=6, seeds='band')"
+    from cemlib.viz.widgets import fits_beside
+    assert fits_beside(ex.image.value)                   # plot and controls side by side at 1366 px
     assert ex.info.value.startswith("final: CEM 0.511 ± 0.009")
     ex.task.value = "other"
     assert ex.metric.value == "val_loss" and ex.models.value == ("cem",)

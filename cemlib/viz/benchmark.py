@@ -138,7 +138,7 @@ def plot_energy_depth(ax, row: dict, label: str | None = None, color=None, lines
 
 
 def render_bench_png(sweep: dict, metric: str, models, x: str = "step", seeds: str = "band",
-                     zoom_from: float = 0.0, figsize=(5.8, 3.8), dpi: int = 80, layout_key=None) -> bytes:
+                     zoom_from: float = 0.0, figsize=(5.2, 3.8), dpi: int = 80, layout_key=None) -> bytes:
     """The explorer's drawing: :func:`plot_sweep_curves` from ``zoom_from`` of the training on
     (``layout_key``: see :func:`cemlib.viz.style.render_png`)."""
     def draw(fig):

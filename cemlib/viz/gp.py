@@ -48,7 +48,7 @@ def plot_gp_draws(ax, kernel: str, lengthscale: float, seed: int = 0, num_draws:
 
 
 def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float = 2.0, alpha: float = 1.0,
-                  figsize=(5.6, 3.0), dpi: int = 80, layout_key=None) -> bytes:
+                  figsize=(5.2, 3.0), dpi: int = 80, layout_key=None) -> bytes:
     """One panel of :func:`plot_gp_draws` as PNG bytes (for the explorer; ``layout_key``: see
     :func:`cemlib.viz.style.render_png`)."""
     from cemlib.viz.style import render_png

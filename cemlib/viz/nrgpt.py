@@ -120,7 +120,7 @@ def token_energy_small_multiples(cs, rates=("gamma", "identity"), gamma_spread: 
 
 
 def render_token_energy_png(c: float, gamma_spread: float, steps: int, rate: str = "gamma",
-                            figsize=(5.6, 3.4), dpi: int = 80, layout_key=None,
+                            figsize=(5.2, 3.4), dpi: int = 80, layout_key=None,
                             **block_kwargs) -> tuple[bytes, int, int]:
     """One panel as PNG bytes (for the explorer), its number of (token, step) rises and the number
     of rises of the first token (which has no earlier token to wait for). ``layout_key``: see

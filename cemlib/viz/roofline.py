@@ -99,7 +99,7 @@ def roofline_small_multiples(settings: list[dict], ncols: int = 2, machine: Mach
     return fig
 
 
-def render_roofline_png(figsize=(5.6, 4.0), dpi: int = 80, layout_key=None, **setting) -> tuple[bytes, dict]:
+def render_roofline_png(figsize=(5.2, 4.0), dpi: int = 80, layout_key=None, **setting) -> tuple[bytes, dict]:
     """Render :func:`roofline_panel` for ``setting`` to PNG bytes; return ``(png, costs)``
     (``layout_key``: see :func:`cemlib.viz.style.render_png`)."""
     return render_png(lambda fig: roofline_panel(fig.subplots(), **setting), figsize, dpi, layout_key)

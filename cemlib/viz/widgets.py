@@ -21,7 +21,7 @@ from cemlib.viz.landscape import plot_landscape, plot_trajectory
 from cemlib.viz.style import render_png
 
 __all__ = ["render_landscape_png", "landscape_explorer", "kernel_note", "step_controls", "control_columns",
-           "finish_explorer", "set_legend", "leaves_frame"]
+           "finish_explorer", "set_legend", "leaves_frame", "fits_beside"]
 
 RULES = ("cccp", "gradient")
 
@@ -49,11 +49,23 @@ KERNEL_NOTE = ("Live explorer: it needs a running Python kernel (open the chapte
                "On the website the controls do nothing; the static figure next to it shows the same.")
 
 #: width of the explorers' column of controls, and of the description in front of each control
-CONTROL_WIDTH, DESCRIPTION_WIDTH = "330px", "128px"
+CONTROL_WIDTH, DESCRIPTION_WIDTH = "320px", "128px"
+#: the gap between the plot and the controls, and the width of the page's column at a 1366 px
+#: laptop window (the book's theme, measured in Chromium): an explorer's plot (its PNG's width at
+#: its natural size) and its controls fit side by side in it, so a laptop shows both at once
+GAP_PX, LAPTOP_COLUMN_PX = 12, 755
 BUSY = "<span style='color:#B35900'>redrawing…</span>"
 
 #: the one-line legend of the landscape explorers (what the marks on the plot mean)
 PATH_LEGEND = "○ start · × end, after the last step · ★ {points} · white lines: energy contours"
+
+
+def fits_beside(png: bytes) -> bool:
+    """Whether an explorer's plot (PNG bytes, shown at its natural width) and its column of
+    controls fit side by side in the page's column on a 1366 px laptop window."""
+    from cemlib.viz.style import png_size
+
+    return png_size(png)[0] + GAP_PX + int(CONTROL_WIDTH.removesuffix("px")) <= LAPTOP_COLUMN_PX
 
 
 def kernel_note():
@@ -126,7 +138,7 @@ def finish_explorer(box, columns, info: bool = True, legend: str | None = None) 
     box.status = W.HTML(value="", layout=W.Layout(min_height="1.5em"))
     panel = W.VBox(controls + [box.status], layout=W.Layout(width=CONTROL_WIDTH, max_width="100%"))
     plot_row = W.HBox([box.image, panel], layout=W.Layout(flex_flow="row wrap", align_items="flex-start",
-                                                          grid_gap="4px 12px"))
+                                                          grid_gap=f"4px {GAP_PX}px"))
     children = [kernel_note(), plot_row]
     box.legend = W.HTML(value=f"<p style='margin:2px 0; font-size:90%'>{legend}</p>" if legend else "")
     children.append(box.legend)
