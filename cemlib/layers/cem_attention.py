@@ -221,8 +221,8 @@ class CEMAttention(EnergyLayer):
 
     def direction(self, x: torch.Tensor, hn: torch.Tensor, kv: torch.Tensor,
                   u: torch.Tensor | None = None) -> torch.Tensor:
-        """``Delta x = sum_k P_k g_k(u)`` (eq. 14 at ``x^(t)``); the update is ``x - eta Delta x``.
-        ``u`` defaults to :meth:`query` of ``x``."""
+        """``Delta x = sum_k P_k g_k(u)`` (eq. 14 at ``x^(t)``); the update is
+        ``x - eta Delta x``. ``u`` defaults to :meth:`query` of ``x``."""
         u = self.query(x) if u is None else u
         exact = self.diag_grad == "exact"
         if self.P.kind == "none":
@@ -231,14 +231,16 @@ class CEMAttention(EnergyLayer):
 
     # -- EnergyLayer protocol ------------------------------------------------------------------
     def forward(self, x: torch.Tensor, return_trajectory: bool = False):
-        """``x^(T)`` (B, L, D_h); with ``return_trajectory`` also the list ``[x^(0), ..., x^(T)]``."""
+        """``x^(T)`` (B, L, D_h); with ``return_trajectory`` also the list
+        ``[x^(0), ..., x^(T)]``."""
         self._check(x, "x")
         hn, kv = self.context(x)
         traj = [x]
         for t in range(self.T):
-            # at t = 0, x = h: the query RMSNorm(x) is the context's hn (same module), reused
+            # at t = 0, x = h: the query RMSNorm(x) is the context's hn (same
+            # module), reused; the step is x - eta * Delta x
             u = hn if t == 0 and self.query_norm else None
-            x = _step(x, self.eta, self.direction(x, hn, kv, u))   # x - eta * Delta x
+            x = _step(x, self.eta, self.direction(x, hn, kv, u))
             traj.append(x)
         return (x, traj) if return_trajectory else x
 

@@ -125,7 +125,8 @@ class CEMMLP(EnergyLayer):
         return (gamma * get_phi(self.phi).sigma(z)) @ V
 
     def forward(self, x: torch.Tensor, return_trajectory: bool = False):
-        """``x^(T)``; with ``return_trajectory`` also ``[x^(0), ..., x^(T)]`` (eq. 17)."""
+        """``x^(T)``; with ``return_trajectory`` also ``[x^(0), ..., x^(T)]``
+        (eq. 17)."""
         self._check(x, "x")
         hn = self.norm(x)
         gamma = hn @ self.W.T  # = self.gamma(x)
