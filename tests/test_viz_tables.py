@@ -34,3 +34,15 @@ def test_collapsed_keeps_the_whole_text():
     c = collapsed("1.0 2.0 3.0", "three numbers")
     assert repr(c) == "1.0 2.0 3.0"
     assert "<details" in c._repr_html_() and "<summary>three numbers</summary>" in c._repr_html_()
+
+
+def test_stacked_table_labels_every_cell_and_keeps_its_text():
+    rows = [("T2 below T1", "+0.01 [-0.02, +0.04]", "unresolved")]
+    plain, stacked = table(rows, ["claim", "ours", "verdict"]), table(rows, ["claim", "ours", "verdict"], stack=True)
+    assert str(plain) == str(stacked)                         # nbval compares the text form
+    assert "cemlib-stack" not in plain.to_html() and "data-label" not in plain.to_html()
+    html_ = stacked.to_html()
+    assert "class='cemlib-table cemlib-stack'" in html_
+    assert [m for m in ("data-label='claim'", "data-label='ours'", "data-label='verdict'") if m in html_] == \
+        ["data-label='claim'", "data-label='ours'", "data-label='verdict'"]
+    assert "data-label='the paper&#x27;s words'" in table([("a",)], ["the paper's words"], stack=True).to_html()

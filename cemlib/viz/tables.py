@@ -35,9 +35,10 @@ class Table:
     """A table shown as HTML (``_repr_html_``) and as aligned text (``__repr__``, ``str``)."""
 
     def __init__(self, rows, columns, caption: str | None = None, formats: dict | None = None,
-                 float_format: str = "{:.4g}"):
+                 float_format: str = "{:.4g}", stack: bool = False):
         self.columns = [str(c) for c in columns]
         self.caption = caption
+        self.stack = bool(stack)
         formats = formats or {}
         self.rows = []
         for r, row in enumerate(rows):
@@ -75,11 +76,15 @@ class Table:
         def cls(j):
             return "num" if self.numeric[j] else ("text" if any(len(r[j]) > 24 for r in self.rows) else "")
 
+        def label(j):  # stacked on a phone, each cell is labelled with its column
+            return f" data-label='{html.escape(self.columns[j], quote=True)}'" if self.stack else ""
+
         head = "".join(f"<th class='{cls(j)}'>{html.escape(c)}</th>" for j, c in enumerate(self.columns))
-        body = "".join("<tr>" + "".join(f"<td class='{cls(j)}'>{html.escape(c)}</td>" for j, c in enumerate(r))
-                       + "</tr>" for r in self.rows)
+        body = "".join("<tr>" + "".join(f"<td class='{cls(j)}'{label(j)}>{html.escape(c)}</td>"
+                                        for j, c in enumerate(r)) + "</tr>" for r in self.rows)
         caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
-        return (f"<div class='cemlib-table-wrap'><table class='cemlib-table'>{caption}"
+        classes = "cemlib-table cemlib-stack" if self.stack else "cemlib-table"
+        return (f"<div class='cemlib-table-wrap'><table class='{classes}'>{caption}"
                 f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
     def _repr_html_(self) -> str:
@@ -92,15 +97,18 @@ class Table:
 
 
 def table(rows, columns, caption: str | None = None, formats: dict | None = None,
-          float_format: str = "{:.4g}") -> Table:
+          float_format: str = "{:.4g}", stack: bool = False) -> Table:
     """A :class:`Table` of ``rows`` (sequences of cells) under the headers ``columns``.
 
     Cells are shown as given when they are strings (format numbers yourself where the digits
     matter, or name a format per column in ``formats``, e.g. ``{"loss": "{:.3f}"}``, which applies
     to the column's non-string cells); other floats
     use ``float_format``; ``None`` is an empty cell. A column whose cells all look like numbers is
-    right-aligned and never wraps; text wraps inside its cell."""
-    return Table(rows, columns, caption, formats, float_format)
+    right-aligned and never wraps; text wraps inside its cell. With ``stack`` (for tables of
+    sentences, such as the claims tables with their verdicts) each row becomes a block of lines
+    labelled with the column names on a phone (the site's CSS, class ``cemlib-stack``), so that
+    no cell sits off the screen; the text form is unchanged."""
+    return Table(rows, columns, caption, formats, float_format, stack)
 
 
 class Collapsed:
