@@ -48,12 +48,12 @@ def render_landscape_png(patterns: torch.Tensor, start: torch.Tensor, beta: floa
 KERNEL_NOTE = ("Live explorer: it needs a running Python kernel (open the chapter in Jupyter or Colab). "
                "On the website the controls do nothing; the static figure next to it shows the same.")
 
-#: width of the explorers' column of controls, and of the description in front of each control
-CONTROL_WIDTH, DESCRIPTION_WIDTH = "320px", "128px"
-#: the gap between the plot and the controls, and the width of the page's column at a 1366 px
-#: laptop window (the book's theme, measured in Chromium): an explorer's plot (its PNG's width at
-#: its natural size) and its controls fit side by side in it, so a laptop shows both at once
-GAP_PX, LAPTOP_COLUMN_PX = 12, 755
+#: widths in pixels: the explorers' column of controls, the gap between it and the plot, and the
+#: page's column at a 1366 px laptop window (the book's theme, measured in Chromium), in which an
+#: explorer's plot (its PNG at its natural width) and its controls fit side by side
+CONTROL_PX, GAP_PX, LAPTOP_COLUMN_PX = 320, 12, 755
+#: the same control width as a CSS length, and the width of the description in front of a control
+CONTROL_WIDTH, DESCRIPTION_WIDTH = f"{CONTROL_PX}px", "128px"
 BUSY = "<span style='color:#B35900'>redrawing…</span>"
 
 #: the one-line legend of the landscape explorers (what the marks on the plot mean)
@@ -65,7 +65,7 @@ def fits_beside(png: bytes) -> bool:
     controls fit side by side in the page's column on a 1366 px laptop window."""
     from cemlib.viz.style import png_size
 
-    return png_size(png)[0] + GAP_PX + int(CONTROL_WIDTH.removesuffix("px")) <= LAPTOP_COLUMN_PX
+    return png_size(png)[0] + GAP_PX + CONTROL_PX <= LAPTOP_COLUMN_PX
 
 
 def kernel_note():
