@@ -108,10 +108,10 @@ def compile_only(arch: int, sink: list, v2_configs: dict | None = None):
             sink.append((self.fn.__name__, kw, self.run(*args, grid=grid, warmup=True, **kw)))
         return launch
 
-    def v2_select(name, device, block_d):
+    def v2_select(name, device, block_d, table):
         if v2_configs and name in v2_configs:
             return dict(v2_configs[name])
-        return dict(v2._gpu_configs(name, block_d)[0])
+        return dict(v2._gpu_configs(table, block_d)[0])
 
     kernels = [f for m in (ta, gm, v2) for f in vars(m).values() if isinstance(f, JITFunction)]
     for f in kernels:  # binders cache the target per device: start clean for this arch
@@ -205,6 +205,8 @@ V2_VARIANTS = {  # name: (biases, extra pair width, atomic dq)
     "shared-logits De=768": (True, 768, False),
     "alibi+self+cross atomic-dq": (True, 0, True),
 }
+# compiled by the autotune sweep only (the atomic-dq backward's heaviest call)
+SWEEP_ONLY_VARIANTS = {"shared-logits De=768 atomic-dq": (True, 768, True)}
 
 
 def v2_case(dtype, D, variant, L=128):
@@ -213,7 +215,7 @@ def v2_case(dtype, D, variant, L=128):
     values; with atomic dq: the backward without the dq walk, ``v2.use_atomic_dq``). ``q`` and
     ``kv`` are the layers' head-split views of a (B, L, K D) projection."""
     B, K = 1, 12
-    biases, De, atomic = V2_VARIANTS[variant]
+    biases, De, atomic = {**V2_VARIANTS, **SWEEP_ONLY_VARIANTS}[variant]
     q = torch.randn(B, L, K, D, dtype=dtype).transpose(1, 2)
     vec = [torch.rand(K) for _ in range(3)] if biases else [None] * 3
     qe = ke = None
@@ -407,8 +409,11 @@ def per_element_summary(records) -> list[dict]:
 
 # ------------------------------------------------------------------------------ autotune sweep
 
+# autotune spaces (tied_attention_v2.GPU_CONFIGS) and the kernel each one launches; the atomic-dq
+# backward is the same kernel as "bwd", specialised (ATOMIC_DQ), with a space of its own
 V2_KERNELS = {"fwd": "_fwd_kernel", "pre": "_pre_kernel", "bwd": "_bwd_kernel",
-              "headsum": "_headsum_kernel", "extra_grads": "_extra_grads_kernel"}
+              "headsum": "_headsum_kernel", "extra_grads": "_extra_grads_kernel",
+              "bwd_atomic": "_bwd_kernel"}
 
 
 def candidates(name: str) -> list[dict]:
@@ -417,6 +422,9 @@ def candidates(name: str) -> list[dict]:
     if name == "fwd":
         return [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
                 for m in (64, 128) for n in (32, 64, 128) for w in warps for st in (2, 3)]
+    if name == "bwd_atomic":  # no dq walk: BLOCK_N2 unused (fixed); query tiles up to ROW_PAD
+        return [dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_N2=16, num_warps=w, num_stages=st)
+                for n1 in (64, 128) for m1 in (16, 32, 64, 128) for w in warps for st in (2, 3)]
     if name == "bwd":
         return [dict(BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_N2=n2, num_warps=w, num_stages=2)
                 for n1 in (64, 128) for m1 in (16, 32, 64) for n2 in (16, 32, 64) for w in warps]
@@ -432,28 +440,31 @@ def candidates(name: str) -> list[dict]:
 # values live, so what does not spill there does not spill in the lighter variants (the default
 # configurations are compiled in all variants by the main report, which checks that).
 SWEEP_VARIANT = "shared-logits De=768"
+SWEEP_VARIANTS = {"bwd_atomic": "shared-logits De=768 atomic-dq"}  # the others: SWEEP_VARIANT
+LAUNCH_NAMES = {"bwd_atomic": "bwd"}  # the kernel's name for tied_attention_v2.use_configs
 
 
 def sweep(widths, arch=90, names=tuple(V2_KERNELS), log=print) -> list[dict]:
     """Compile every candidate of every v2 kernel (bf16, ``sm_<arch>``) in
-    :data:`SWEEP_VARIANT`; one record per (kernel, width, configuration) (two for the head sum:
-    the sums of P and of dS)."""
+    :data:`SWEEP_VARIANT` (:data:`SWEEP_VARIANTS` for the atomic-dq backward); one record per
+    (kernel, width, configuration) (two for the head sum: the sums of P and of dS)."""
     out = []
     for width in widths:
         for name in names:
             if name == "extra_grads" and width != widths[0]:
                 continue  # independent of the head width
+            variant = SWEEP_VARIANTS.get(name, SWEEP_VARIANT)
             for cfg in candidates(name):
                 sink = []
                 t0 = time.perf_counter()
-                with compile_only(arch, sink, {name: cfg}):
-                    v2_case(torch.bfloat16, width, SWEEP_VARIANT)
+                with compile_only(arch, sink, {LAUNCH_NAMES.get(name, name): cfg}):
+                    v2_case(torch.bfloat16, width, variant)
                 wall = time.perf_counter() - t0
                 hits = [(n, kw, k) for n, kw, k in sink if n == V2_KERNELS[name]]
                 for n, kw, k in hits:
-                    rec = _record(arch, f"v2 attention d={width} {SWEEP_VARIANT} bfloat16", n, kw,
+                    rec = _record(arch, f"v2 attention d={width} {variant} bfloat16", n, kw,
                                   k, wall, 2)
-                    rec.update(name=name, width=width, variant=SWEEP_VARIANT, config=cfg)
+                    rec.update(name=name, width=width, variant=variant, config=cfg)
                     out.append(rec)
                     main = [lp["non_mma_per_element"] for lp in rec["loops"] if not lp["band"]]
                     log(f"{name:12s} D={width:<4d} {cfg} regs {rec['registers']:3d} spill "

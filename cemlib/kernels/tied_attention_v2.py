@@ -781,6 +781,48 @@ GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
             _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
         ],
     },
+    "bwd_atomic": {
+        64: [
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=64),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+        ],
+        128: [
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
+            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
+            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
+        ],
+    },
     "headsum": {
         64: [
             _cfg(4, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
@@ -902,28 +944,31 @@ _TUNE_KEYS = ("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_D
               "ATOMIC_DQ", "ZERO_DQ")
 
 
-def _select(name: str, device: torch.device, block_d: int):
-    """The configuration to launch with, or ``None`` for the autotuner."""
+def _select(name: str, device: torch.device, block_d: int, table: str):
+    """The configuration to launch with, or ``None`` for the autotuner; ``name`` the kernel's
+    name for :func:`use_configs` and the interpreter, ``table`` its entry of :data:`GPU_CONFIGS`."""
     if name in _override:
         return dict(_override[name])
     if INTERPRET or device.type != "cuda":
         return dict(INTERPRETER_CONFIGS[name])
     if not AUTOTUNE:
-        return dict(_gpu_configs(name, block_d)[0])
+        return dict(_gpu_configs(table, block_d)[0])
     return None
 
 
-def _launch(name, kernel, grid, args, meta, block_d, device):
+def _launch(name, kernel, grid, args, meta, block_d, device, table=None):
     """Launch ``kernel`` (grid: a function of the meta-parameters) with the selected
-    configuration, or through a cached ``triton.autotune`` over :data:`GPU_CONFIGS`."""
-    cfg = _select(name, device, block_d)
+    configuration, or through a cached ``triton.autotune`` over :data:`GPU_CONFIGS` [``table``]
+    (default ``name``; the atomic-dq backward has its own space, ``"bwd_atomic"``)."""
+    table = table or name
+    cfg = _select(name, device, block_d, table)
     if cfg is not None:
         kernel[grid(cfg)](*args, **meta, **cfg)
         return
-    key = (name, block_d)
+    key = (table, block_d)
     if key not in _tuners:
         configs = []
-        for c in _gpu_configs(name, block_d):
+        for c in _gpu_configs(table, block_d):
             c = dict(c)
             warps, stages = c.pop("num_warps"), c.pop("num_stages")
             configs.append(triton.Config(c, num_warps=warps, num_stages=stages))
@@ -992,9 +1037,9 @@ class _Call:
     def blocks(self, cfg_key):
         return lambda cfg: triton.cdiv(self.L, cfg[cfg_key])
 
-    def launch(self, name, kernel, grid, args, **meta):
+    def launch(self, name, kernel, grid, args, table=None, **meta):
         _launch(name, kernel, grid, args, dict(self.flags, BLOCK_D=self.block_d, **meta),
-                self.block_d, self.device)
+                self.block_d, self.device, table)
 
     def forward(self, e2):
         """``(o, lse)``; ``e2`` the extra logits (B, L, L) in log2 units, or ``None``."""
@@ -1054,7 +1099,8 @@ class _Call:
                     (self.q, self.kv, do, dq, dqa, dkv, r, delta, dsii, dlse_arg, dself, dcross,
                      dsdist, *common, *self.strides, *dstr, K, B, L, Lp, self.c, self.scale),
                     HAS_DPB=dpb is not None, HAS_DLSE=dlse is not None, SELF_GRAD=need_self,
-                    CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope, ATOMIC_DQ=atomic)
+                    CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope, ATOMIC_DQ=atomic,
+                    table="bwd_atomic" if atomic else "bwd")
         if dqa is not dq:
             dq.copy_(dqa)
         dalibi = None
