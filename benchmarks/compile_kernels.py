@@ -31,10 +31,14 @@ kernels (``mlp_v2_elementwise`` in the report: the width of every global access 
 instructions per element); the DPLR preconditioner; in bf16, fp16 and fp32.
 
 ``--sweep`` compiles the candidate autotune space of every v2 kernel (:func:`candidates`) for
-sm_90 in bf16, in the variant that makes each kernel heaviest (:data:`SWEEP_VARIANT`), and writes
+sm_90 in bf16, in the variant that makes each kernel heaviest (:data:`SWEEP_VARIANT`; the
+atomic-dq backward, space ``bwd_atomic``, in the same call with atomic dq), and writes
 ``results/compile_kernels_sweep.json``; ``GPU_CONFIGS`` is the spill-free part of it, the
 configuration with the fewest non-MMA instructions per element first
-(``tests/test_kernels_compile.py`` checks that it stays so).
+(``tests/test_kernels_compile.py`` checks that it stays so). ``--merge`` combines sweeps run in
+parts, possibly at different commits (a space swept again after its kernel changed): each part
+keeps its environment and command under ``parts``, and a later part's records of a space replace
+an earlier part's.
 
 Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--case TEXT] [--out FILE | --replace]``
 (``--quick``: bf16 only; ``--case``: only the cases whose name contains TEXT; a stored result is
@@ -498,6 +502,18 @@ def prune(records) -> dict:
     return dict(table)
 
 
+def _sweep_parts(d: dict) -> list[dict]:
+    """A sweep file as a list of parts (env, command, widths, total_compile_s, records): a merged
+    file's recorded parts, each with its records, or the file itself."""
+    if "parts" not in d:
+        return [d]
+    out = []
+    for part in d["parts"]:
+        kernels = set(part["kernels"])
+        out.append(dict(part, records=[r for r in d["records"] if r["name"] in kernels]))
+    return out
+
+
 def _env():
     return dict(triton=triton.__version__, torch=torch.__version__, python=sys.version.split()[0],
                 git_commit=git_commit(HERE),
@@ -544,14 +560,23 @@ def main(argv=None):
     command = "python benchmarks/compile_kernels.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
     if args.merge:
-        parts = [json.load(open(f)) for f in args.merge]
-        commits = {part["env"]["git_commit"] for part in parts}
-        if len(commits) != 1:
-            raise SystemExit(f"sweep parts from different commits: {commits}")
-        records = [r for part in parts for r in part["records"]]
-        payload = _sweep_payload(records, parts[0]["env"],
-                                 [part["command"] for part in parts], parts[0]["widths"], t0)
-        payload["total_compile_s"] = sum(part["total_compile_s"] for part in parts)
+        # parts may come from different commits (a kernel's space swept again after a change):
+        # each part keeps its own environment; a later part replaces the records of the same
+        # space (kernel name) in earlier ones
+        parts = [p for f in args.merge for p in _sweep_parts(json.load(open(f)))]
+        names = [{r["name"] for r in part["records"]} for part in parts]
+        kept = [dict(part, records=[r for r in part["records"]
+                                    if not any(r["name"] in later for later in names[i + 1:])])
+                for i, part in enumerate(parts)]
+        kept = [part for part in kept if part["records"]]
+        records = [r for part in kept for r in part["records"]]
+        payload = _sweep_payload(records, kept[-1]["env"], [part["command"] for part in kept],
+                                 sorted({w for part in kept for w in part["widths"]}), t0)
+        payload["total_compile_s"] = round(sum(part["total_compile_s"] for part in kept), 1)
+        payload["parts"] = [dict(env=part["env"], command=part["command"],
+                                 widths=part["widths"], total_compile_s=part["total_compile_s"],
+                                 kernels=sorted({r["name"] for r in part["records"]}))
+                            for part in kept]
     elif args.sweep:
         records = sweep(args.widths, names=tuple(args.kernels))
         payload = _sweep_payload(records, env, command, args.widths, t0)

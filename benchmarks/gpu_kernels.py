@@ -20,7 +20,8 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     causal), forward and forward+backward, with the time ratios.
 ``profile`` (40)
     ``torch.profiler`` of forward+backward at T = 512 and 1024: GPU kernel time against wall
-    time, kernels and launch calls per call, the longest kernels.
+    time, kernels and launch calls per call, the longest kernels; and the same call replayed from
+    a CUDA graph (no host work per call), with the CEM v2 / SDPA ratios of the three times.
 ``mlp`` (60)
     the tied MLP step v2 and v1 against eager (``bench_mlp.measure``), time and peak memory, with
     the v2/eager ratios next to the target (time <= 1, memory <= 0.7) and the CPU prediction
@@ -390,6 +391,12 @@ def profile(s, device, deadline):
                 for _ in range(iters):
                     calls["fwd_bwd"]()
                 sync()
+            graphed_ms, graph_error = None, None
+            if device.type == "cuda":
+                try:
+                    graphed_ms = graphed_call_ms(calls["fwd_bwd"], iters)
+                except Exception as err:  # recorded, not fatal: the other columns stand
+                    graph_error = f"{type(err).__name__}: {err}"[:300]
             events = prof.events()
             kernels = [e for e in events if e.device_type == DeviceType.CUDA]
             per_kernel = {}
@@ -401,14 +408,57 @@ def profile(s, device, deadline):
                 method=name, T=T, B=a["B"], H=a["H"], d=a["d"], dtype=str(a["dtype"]),
                 wall_ms=wall_ms, kernel_ms=kernel_ms if kernels else None,
                 kernel_over_wall=kernel_ms / wall_ms if kernels else None,
+                graphed_ms=graphed_ms, **({"graph_error": graph_error} if graph_error else {}),
                 kernels_per_call=len(kernels) / iters, launch_calls_per_call=launches / iters,
                 cpu_ops_per_call=sum(1 for e in events if e.device_type == DeviceType.CPU
                                      and e.name.startswith("aten::")) / iters,
                 longest_kernels=[dict(name=k[:120], us_per_call=v / iters) for k, v in sorted(
                     per_kernel.items(), key=lambda kv: -kv[1])[:6]]))
             print("profile", name, T, f"wall {wall_ms:.3f} ms", f"kernels {rows[-1]['kernel_ms']}",
-                  f"{rows[-1]['kernels_per_call']} kernels/call", flush=True)
-    return {"iters": iters, "rows": rows}
+                  f"graphed {graphed_ms}", f"{rows[-1]['kernels_per_call']} kernels/call",
+                  graph_error or "", flush=True)
+    return {"iters": iters, "rows": rows, "ratios": profile_ratios(rows)}
+
+
+def graphed_call_ms(fn, iters):
+    """Milliseconds per call of ``fn`` (a forward+backward) replayed from a CUDA graph: the same
+    kernels with no host work per call, so that wall and graphed time side by side separate the
+    host's share from the GPU's. Warm-up on a side stream (autotuning, allocations) before the
+    capture, as PyTorch's whole-network capture does; the gradients accumulate into the leaves'
+    ``.grad`` inside the graph as in eager."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        graph.replay()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t0) / iters
+
+
+def profile_ratios(rows) -> dict:
+    """Per T, CEM v2 (walk and atomic) over SDPA untied: wall time, GPU kernel time, and the
+    time of the call replayed from a CUDA graph (where measured)."""
+    out = {}
+    by = {(r["method"], r["T"]): r for r in rows if "wall_ms" in r}
+    for (method, T), r in by.items():
+        base = by.get(("sdpa_untied", T))
+        if not method.startswith("cem_v2") or base is None:
+            continue
+        ratio = {}
+        for col in ("wall_ms", "kernel_ms", "graphed_ms"):
+            if r.get(col) and base.get(col):
+                ratio[col.replace("_ms", "")] = r[col] / base[col]
+        out[f"{method} / sdpa_untied T={T}"] = ratio
+    return out
 
 
 def mlp(s, device, deadline):

@@ -82,8 +82,9 @@ def test_committed_reports_agree_with_the_autotune_space():
     space = json.loads(run.stdout)
     sweep = json.loads((RESULTS / "compile_kernels_sweep.json").read_text())
     report = json.loads((RESULTS / "compile_kernels.json").read_text())
-    for d in (sweep, report):  # recorded from committed code
-        assert d["env"]["git_commit"] and not d["env"]["git_commit"].endswith("+dirty")
+    envs = [report["env"]] + [part["env"] for part in sweep.get("parts", [sweep])]
+    for env in envs:  # recorded from committed code (each part of a merged sweep)
+        assert env["git_commit"] and not env["git_commit"].endswith("+dirty")
     seen = {(r["name"], str(0 if r["name"] == "extra_grads" else r["width"]),
              json.dumps(r["config"], sort_keys=True)): r for r in sweep["records"]}
     for name, by_width in space.items():

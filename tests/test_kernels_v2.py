@@ -319,6 +319,54 @@ def test_v2_traces_under_torch_compile():
 
 # ------------------------------------------------------------------------------ launch counts
 
+def test_autotuned_launches_consult_the_tuner_once_per_signature(monkeypatch):
+    """On a GPU, every autotuned launch used to go through ``triton.autotune``'s ``run``, which
+    rebuilds its key from every argument (about 20 us of host time per launch,
+    ``benchmarks/host_overhead.py``); now the tuner is consulted once per call signature and
+    later launches go to the kernel with its choice. With a stand-in kernel and tuner: the tuner
+    runs once, every launch gets exactly its configuration and grid, and another length, dtype
+    or flag consults it again."""
+    launches, consulted = [], []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, args, kw))
+
+    class Config:
+        def all_kwargs(self):
+            return {"BLOCK_M": 64, "num_warps": 8, "num_stages": 2}
+
+    class Tuner:
+        best_config = None
+
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                consulted.append(args)
+                self.best_config = Config()
+                kw = {**meta, **self.best_config.all_kwargs()}
+                launches.append((grid(kw), args, kw))
+            return run
+
+    monkeypatch.setattr(v2, "_select", lambda name, device, block_d, table: None)
+    monkeypatch.setattr(v2, "_tuner", lambda name, kernel, table, block_d, t=Tuner(): t)
+    monkeypatch.setattr(v2, "_tuned", {})
+    x = torch.zeros(4)
+
+    def launch(L=100, dtype=torch.float32, flag=True):
+        v2._launch("fwd", Kernel(), lambda cfg: (-(-L // cfg["BLOCK_M"]), 3), (x.to(dtype), L),
+                   dict(D=64, HAS_ALIBI=flag), 64, torch.device("cpu"))
+
+    for _ in range(3):
+        launch()
+    assert len(consulted) == 1 and len(launches) == 3
+    expected = {"D": 64, "HAS_ALIBI": True, "BLOCK_M": 64, "num_warps": 8, "num_stages": 2}
+    assert all(grid == (2, 3) and kw == expected for grid, _, kw in launches)
+    launch(L=200), launch(dtype=torch.float16), launch(flag=False)
+    assert len(consulted) == 4
+    launch(L=200)
+    assert len(consulted) == 4 and launches[-1][0] == (4, 3)
+
+
 def test_count_launches_counts_kernels_not_views():
     a = torch.randn(4, 6)
     with count_launches() as n:

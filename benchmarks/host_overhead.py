@@ -1,0 +1,287 @@
+"""Host time of one CEM attention call, measured without a GPU: the CPU work before each launch.
+
+At T <= 1024 the v2 kernels take less GPU time than SDPA's, yet a forward+backward call took 2.5x
+SDPA's wall time on the H100 (``RESULTS_H100.md``: 0.214 ms of kernels against 0.240 ms at
+T = 1024, wall 0.653 ms against 0.259 ms): the GPU waits for the host. This script times that host
+path on the CPU. cemlib's launchers run on CPU tensors with the GPU configurations (autotuning
+included), Triton compiles each kernel for ``sm_90`` with its bundled ``ptxas``, and a stand-in
+driver takes the launch: its launcher does nothing and no module is loaded. What is timed is the
+work between the call and the driver's launch: ``torch.autograd``, cemlib's argument
+preparation and allocations, the autotuner's lookup, Triton's argument binder and kernel-cache
+lookup. Not included: the driver call itself, CUDA's device guard and caching allocator (the CPU
+allocator stands in), and anything on the GPU. Host time does not depend on the sequence length
+(the tensors are small so that the CPU allocator stays cheap).
+
+Rows, per method (``cem_v2``: ALiBi and self/cross biases, every gradient, the call the kernel
+benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's call) and per path:
+
+- ``cemlib``: as shipped; the autotuner is consulted once per call signature, later launches go
+  straight to the kernel with the configuration it chose (``tied_attention_v2._launch``);
+- ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before that change
+  (cemlib's cache of choices disabled).
+
+Columns: median microseconds of one forward+backward (``full_us``), the same with every Triton
+launch skipped (``without_launches_us``: torch and cemlib only), the recorded launches replayed
+alone (``launches_us``), and the launches per call. ``bwd_launch_layers_us`` takes one backward
+launch apart: through the autotuner, with the cached choice, ``JITFunction.run`` with the
+configuration given, the binder alone, the compiled launcher alone (a no-op here). ``floor_us``: a
+``torch.autograd.Function`` with the same inputs whose forward and backward only allocate their
+outputs, the least any custom autograd call costs.
+
+Usage: ``python benchmarks/host_overhead.py [--quick] [--out FILE | --replace]`` (writes
+``results/host_overhead_cpu.json``). The CPU's speed sets the scale: compare rows of one run.
+Relies on Triton internals (``triton.runtime.driver``, ``Autotuner._bench``, the binder in
+``JITFunction.device_caches``), checked on Triton 3.6 and 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels (for sm_90), never the interpreter
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cemlib.kernels import reference  # noqa: E402
+from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.train.results import git_commit  # noqa: E402
+from outputs import RESULTS, announce, write_json  # noqa: E402
+
+METHODS = ("cem_v2", "cem_v2_atomic", "cem_diag_v2")
+
+
+class _Utils:
+    def load_binary(self, name, kernel, shared, device):
+        return (1, 1, 0, 0, 1024)  # module, function, registers, spills, max threads
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 227 * 1024, "multiprocessor_count": 132}
+
+
+class NullDriver:
+    """Stands in for the CUDA driver: the H100 as target, device and stream 0, and a launcher
+    that does nothing (so everything before the driver's launch runs, and nothing after)."""
+
+    def __init__(self, arch: int = 90):
+        self.target = GPUTarget("cuda", arch, 32)
+        self.utils = _Utils()
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def launcher_cls(self, src, metadata):
+        return lambda *args: None
+
+
+def gpu_paths():
+    """Make cemlib take its GPU path on CPU tensors: GPU configurations and the autotuner, whose
+    timing runs are replaced by equal times (it keeps its first, default, configuration)."""
+    select = v2._select
+    v2._select = lambda name, device, block_d, table: select(name, torch.device("cuda"),
+                                                             block_d, table)
+    v2.INTERPRET = False
+    Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
+    for f in vars(v2).values():
+        if isinstance(f, triton.runtime.jit.JITFunction):
+            f.device_caches.clear()  # binders cache the target per device
+    driver.set_active(NullDriver())
+
+
+class _NoCache(dict):
+    """cemlib's cache of autotuner choices, disabled: every launch consults the autotuner."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def median_us(fn, n, reset=()):
+    times = []
+    for _ in range(n):
+        for t in reset:
+            t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def call_of(name, B=1, H=12, T=256, d=64, De=768, dtype=torch.bfloat16):
+    """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it."""
+    g = torch.Generator().manual_seed(0)
+    q, kv, do = (torch.randn(B, H, T, d, generator=g, dtype=dtype) for _ in range(3))
+    slopes = reference.alibi_slopes(H).float()
+    if name == "cem_diag_v2":
+        qe, ke, doe = (0.1 * torch.randn(B, T, De, generator=g, dtype=dtype) for _ in range(3))
+        leaves = [t.clone().requires_grad_() for t in (q, kv, qe, ke)]
+
+        def call():
+            o, _, oe = v2.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
+                                         q_extra=leaves[2], k_extra=leaves[3], extra_values=True,
+                                         extra_head_sum=True)
+            torch.autograd.backward((o, oe), (do, doe))
+        return call, leaves
+    leaves = [t.clone().requires_grad_() for t in (q, kv, torch.zeros(H), torch.zeros(H))]
+    atomic = name == "cem_v2_atomic"
+
+    def call():
+        o = v2.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
+                              self_bias=leaves[2], cross_bias=leaves[3], atomic_dq=atomic)[0]
+        o.backward(do)
+    return call, leaves
+
+
+def floor_us(n, B=1, H=12, T=256, d=64):
+    """An autograd function with the inputs of ``cem_v2`` that only allocates its outputs."""
+    from torch.autograd.function import once_differentiable
+
+    class Allocate(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias):
+            o, lse = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+            ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias)
+            ctx.set_materialize_grads(False)
+            return o, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, do, dlse):
+            q, kv, _, _, _, sb, cb = ctx.saved_tensors
+            return (torch.empty_like(q), torch.empty_like(kv), None, None, torch.empty_like(sb),
+                    torch.empty_like(cb))
+
+    q, kv, do = (torch.randn(B, H, T, d, dtype=torch.bfloat16) for _ in range(3))
+    leaves = [t.requires_grad_() for t in (q, kv, torch.zeros(H), torch.zeros(H))]
+    slopes = reference.alibi_slopes(H).float()
+
+    def call():
+        Allocate.apply(leaves[0], leaves[1], 0.125, slopes, leaves[2], leaves[3])[0].backward(do)
+    for _ in range(20):
+        call()
+    return median_us(call, n, leaves)
+
+
+def measure(name, path, n):
+    """One row: ``name`` through ``path`` (``cemlib`` or ``through_autotuner``)."""
+    v2._tuned = _NoCache() if path == "through_autotuner" else {}
+    call, leaves = call_of(name)
+    call()  # compiles, autotunes
+    for _ in range(20):
+        call()
+    full = median_us(call, n, leaves)
+    launch, recorded = v2._launch, []
+
+    def record(*args, **kw):
+        recorded.append((args, kw))
+        return launch(*args, **kw)
+    v2._launch = record
+    for t in leaves:
+        t.grad = None
+    call()
+    v2._launch = lambda *args, **kw: None
+    try:
+        without = median_us(call, n, leaves)
+    finally:
+        v2._launch = launch
+
+    def replay():
+        for args, kw in recorded:
+            launch(*args, **kw)
+    row = dict(method=name, path=path, full_us=round(full, 1),
+               without_launches_us=round(without, 1),
+               launches_us=round(median_us(replay, n), 1), launches_per_call=len(recorded))
+    if path == "cemlib" and name == "cem_v2":
+        row["bwd_launch_layers_us"] = launch_layers(recorded, n)
+    return row
+
+
+def launch_layers(recorded, n):
+    """One backward launch taken apart (the recorded arguments of the ``bwd`` kernel)."""
+    (name, kernel, grid, args, meta, block_d, device, *rest), _ = next(
+        r for r in recorded if r[0][0] == "bwd")
+    table = rest[0] if rest else name
+    tuner = v2._tuner(name, kernel, table, block_d)
+    best = dict(tuner.best_config.all_kwargs())
+    g = grid(best)
+    kw = dict(meta, **best)
+    compiled = kernel[g](*args, **kw)
+    binder = kernel.device_caches[0][4]
+    bound = list(binder(*args, **kw)[0].values())
+    run = compiled.run
+    grid3 = (tuple(g) + (1, 1))[:3]
+    n = 4 * n
+    return dict(
+        autotuner_and_jit=round(median_us(lambda: tuner[grid](*args, **meta), n), 1),
+        cached_choice_and_jit=round(median_us(
+            lambda: v2._launch(name, kernel, grid, args, meta, block_d, device, table), n), 1),
+        jit_run=round(median_us(lambda: kernel[g](*args, **kw), n), 1),
+        binder=round(median_us(lambda: binder(*args, **kw), n), 1),
+        compiled_launcher_noop=round(median_us(
+            lambda: run(*grid3, 0, compiled.function, compiled.packed_metadata, None, None, None,
+                        *bound), n), 1),
+        positional_args=len(args), meta_parameters=len(meta))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="cem_v2 only, few repetitions (a check "
+                                                        "that the script runs, not a result)")
+    p.add_argument("--out", help="JSON path (default: results/host_overhead_cpu.json; an "
+                                 "existing one is kept unless --replace)")
+    p.add_argument("--replace", action="store_true")
+    args = p.parse_args(argv)
+    default = RESULTS / "host_overhead_cpu.json"
+    announce(default, args.out, args.replace)
+    torch.set_num_threads(1)
+    env = dict(python=platform.python_version(), torch=torch.__version__,
+               triton=triton.__version__, cpu=platform.processor() or platform.machine(),
+               torch_threads=1, git_commit=git_commit(),
+               date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    gpu_paths()
+    n = 30 if args.quick else 400
+    rows = []
+    for name in (("cem_v2",) if args.quick else METHODS):
+        for path in ("cemlib", "through_autotuner"):
+            row = measure(name, path, n)
+            rows.append(row)
+            print(f"{name:14s} {path:18s} fwd+bwd {row['full_us']:7.1f} us  without launches "
+                  f"{row['without_launches_us']:7.1f}  launches {row['launches_us']:7.1f} "
+                  f"({row['launches_per_call']})", flush=True)
+    floor = round(floor_us(n), 1)
+    print(f"floor (an autograd.Function that only allocates): {floor} us")
+    layers = next(r["bwd_launch_layers_us"] for r in rows if "bwd_launch_layers_us" in r)
+    print("one bwd launch, us:", layers)
+    payload = dict(
+        benchmark="host_overhead", env=env,
+        command="python benchmarks/host_overhead.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]),
+        note=("host (CPU) time of one attention forward+backward up to the driver's launch: "
+              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=256, "
+              "d=64, bf16); one torch thread; medians of %d calls; quick run: not a result"
+              % n if args.quick else
+              "host (CPU) time of one attention forward+backward up to the driver's launch: "
+              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=256, "
+              "d=64, bf16); one torch thread; medians of %d calls" % n),
+        quick=args.quick, rows=rows, floor_us=floor)
+    write_json(payload, default, args.out, args.replace)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
