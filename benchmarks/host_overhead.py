@@ -9,8 +9,10 @@ driver takes the launch: its launcher does nothing and no module is loaded. What
 work between the call and the driver's launch: ``torch.autograd``, cemlib's argument
 preparation and allocations, the autotuner's lookup, Triton's argument binder and kernel-cache
 lookup. Not included: the driver call itself, CUDA's device guard and caching allocator (the CPU
-allocator stands in), and anything on the GPU. Host time does not depend on the sequence length
-(the tensors are small so that the CPU allocator stays cheap).
+allocator stands in), and anything on the GPU. Host time does not depend on the sequence length,
+so the tensors are tiny (T = 16): torch's own operations in the call (allocations, the shared
+diagonal's two GEMMs, the atomic path's conversion of ``dq``) then cost the CPU next to nothing
+in arithmetic, where on a GPU each would be one launch, a few microseconds of host time.
 
 Rows, per method (``cem_v2``: ALiBi and self/cross biases, every gradient, the call the kernel
 benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's call) and per path:
@@ -122,7 +124,7 @@ def median_us(fn, n, reset=()):
     return statistics.median(times) * 1e6
 
 
-def call_of(name, B=1, H=12, T=256, d=64, De=768, dtype=torch.bfloat16):
+def call_of(name, B=1, H=12, T=16, d=64, De=768, dtype=torch.bfloat16):
     """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it."""
     g = torch.Generator().manual_seed(0)
     q, kv, do = (torch.randn(B, H, T, d, generator=g, dtype=dtype) for _ in range(3))
@@ -147,7 +149,7 @@ def call_of(name, B=1, H=12, T=256, d=64, De=768, dtype=torch.bfloat16):
     return call, leaves
 
 
-def floor_us(n, B=1, H=12, T=256, d=64):
+def floor_us(n, B=1, H=12, T=16, d=64):
     """An autograd function with the inputs of ``cem_v2`` that only allocates its outputs."""
     from torch.autograd.function import once_differentiable
 
@@ -272,11 +274,11 @@ def main(argv=None):
         command="python benchmarks/host_overhead.py " + " ".join(
             argv if argv is not None else sys.argv[1:]),
         note=("host (CPU) time of one attention forward+backward up to the driver's launch: "
-              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=256, "
+              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
               "d=64, bf16); one torch thread; medians of %d calls; quick run: not a result"
               % n if args.quick else
               "host (CPU) time of one attention forward+backward up to the driver's launch: "
-              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=256, "
+              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
               "d=64, bf16); one torch thread; medians of %d calls" % n),
         quick=args.quick, rows=rows, floor_us=floor)
     write_json(payload, default, args.out, args.replace)
