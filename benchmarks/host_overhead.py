@@ -113,6 +113,18 @@ class _NoCache(dict):
         pass
 
 
+def cpu_model() -> str:
+    """The processor's name (``/proc/cpuinfo`` where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def median_us(fn, n, reset=()):
     times = []
     for _ in range(n):
@@ -252,7 +264,7 @@ def main(argv=None):
     announce(default, args.out, args.replace)
     torch.set_num_threads(1)
     env = dict(python=platform.python_version(), torch=torch.__version__,
-               triton=triton.__version__, cpu=platform.processor() or platform.machine(),
+               triton=triton.__version__, cpu=cpu_model(),
                torch_threads=1, git_commit=git_commit(),
                date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     gpu_paths()
