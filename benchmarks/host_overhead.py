@@ -17,15 +17,19 @@ in arithmetic, where on a GPU each would be one launch, a few microseconds of ho
 Rows, per method (``cem_v2``: ALiBi and self/cross biases, every gradient, the call the kernel
 benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's call) and per path:
 
-- ``cemlib``: as shipped; the autotuner is consulted once per call signature, later launches go
-  straight to the kernel with the configuration it chose (``tied_attention_v2._launch``);
-- ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before that change
-  (cemlib's cache of choices disabled).
+- ``cemlib``: as shipped; the autotuner is consulted once per call signature
+  (``tied_attention_v2._launch``), and the compiled kernel is launched without Triton's per-call
+  specialization (:mod:`cemlib.kernels.direct_launch`);
+- ``without_direct_launch``: the same through Triton's ``JITFunction.run`` at every launch
+  (``CEMLIB_DIRECT_LAUNCH=0``);
+- ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before either
+  change.
 
 Columns: median microseconds of one forward+backward (``full_us``), the same with every Triton
 launch skipped (``without_launches_us``: torch and cemlib only), the recorded launches replayed
 alone (``launches_us``), and the launches per call. ``bwd_launch_layers_us`` takes one backward
-launch apart: through the autotuner, with the cached choice, ``JITFunction.run`` with the
+launch apart: through the autotuner, with the cached choice through ``JITFunction.run`` and
+through the direct launch, ``JITFunction.run`` and :func:`direct_launch.launch` alone with the
 configuration given, the binder alone, the compiled launcher alone (a no-op here). ``floor_us``: a
 ``torch.autograd.Function`` with the same inputs whose forward and backward only allocate their
 outputs, the least any custom autograd call costs.
@@ -55,7 +59,7 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cemlib.kernels import reference  # noqa: E402
+from cemlib.kernels import direct_launch, reference  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 from cemlib.train.results import git_commit  # noqa: E402
 from outputs import RESULTS, announce, write_json  # noqa: E402
@@ -93,11 +97,12 @@ class NullDriver:
 
 
 def gpu_paths():
-    """Make cemlib take its GPU path on CPU tensors: GPU configurations and the autotuner, whose
-    timing runs are replaced by equal times (it keeps its first, default, configuration)."""
-    select = v2._select
-    v2._select = lambda name, device, block_d, table: select(name, torch.device("cuda"),
-                                                             block_d, table)
+    """Make cemlib take its GPU path on CPU tensors: every launch as if on CUDA (GPU
+    configurations, the autotuner, direct launches), the autotuner's timing runs replaced by
+    equal times (it keeps its first, default, configuration)."""
+    launch, cuda = v2._launch, torch.device("cuda")
+    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, table=None: launch(
+        name, kernel, grid, args, meta, block_d, cuda, table)
     v2.INTERPRET = False
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
     for f in vars(v2).values():
@@ -191,9 +196,14 @@ def floor_us(n, B=1, H=12, T=16, d=64):
     return median_us(call, n, leaves)
 
 
+PATHS = ("cemlib", "without_direct_launch", "through_autotuner")
+
+
 def measure(name, path, n):
-    """One row: ``name`` through ``path`` (``cemlib`` or ``through_autotuner``)."""
+    """One row: ``name`` through ``path`` (:data:`PATHS`)."""
     v2._tuned = _NoCache() if path == "through_autotuner" else {}
+    direct_launch._enabled[0] = path == "cemlib"
+    direct_launch.clear()
     call, leaves = call_of(name)
     call()  # compiles, autotunes
     for _ in range(20):
@@ -240,11 +250,22 @@ def launch_layers(recorded, n):
     run = compiled.run
     grid3 = (tuple(g) + (1, 1))[:3]
     n = 4 * n
+
+    def cached_choice(direct):
+        direct_launch._enabled[0] = direct
+        v2._launch(name, kernel, grid, args, meta, block_d, device, table)  # fills the caches
+        return round(median_us(
+            lambda: v2._launch(name, kernel, grid, args, meta, block_d, device, table), n), 1)
+    try:
+        row = dict(autotuner_and_jit=round(median_us(lambda: tuner[grid](*args, **meta), n), 1),
+                   cached_choice_and_jit=cached_choice(False),
+                   cached_choice_and_direct=cached_choice(True))
+    finally:
+        direct_launch._enabled[0] = True
     return dict(
-        autotuner_and_jit=round(median_us(lambda: tuner[grid](*args, **meta), n), 1),
-        cached_choice_and_jit=round(median_us(
-            lambda: v2._launch(name, kernel, grid, args, meta, block_d, device, table), n), 1),
+        row,
         jit_run=round(median_us(lambda: kernel[g](*args, **kw), n), 1),
+        direct_launch=round(median_us(lambda: direct_launch.launch(kernel, g, args, kw), n), 1),
         binder=round(median_us(lambda: binder(*args, **kw), n), 1),
         compiled_launcher_noop=round(median_us(
             lambda: run(*grid3, 0, compiled.function, compiled.packed_metadata, None, None, None,
@@ -271,10 +292,10 @@ def main(argv=None):
     n = 30 if args.quick else 400
     rows = []
     for name in (("cem_v2",) if args.quick else METHODS):
-        for path in ("cemlib", "through_autotuner"):
+        for path in PATHS:
             row = measure(name, path, n)
             rows.append(row)
-            print(f"{name:14s} {path:18s} fwd+bwd {row['full_us']:7.1f} us  without launches "
+            print(f"{name:14s} {path:21s} fwd+bwd {row['full_us']:7.1f} us  without launches "
                   f"{row['without_launches_us']:7.1f}  launches {row['launches_us']:7.1f} "
                   f"({row['launches_per_call']})", flush=True)
     floor = round(floor_us(n), 1)

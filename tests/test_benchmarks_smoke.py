@@ -181,10 +181,12 @@ def test_host_overhead_script_runs(tmp_path):
     d = json.loads(out.read_text())
     assert d["quick"] and "not a result" in d["note"] and d["env"]["triton"]
     rows = {(x["method"], x["path"]): x for x in d["rows"]}
-    assert set(rows) == {("cem_v2", "cemlib"), ("cem_v2", "through_autotuner")}
+    assert set(rows) == {("cem_v2", "cemlib"), ("cem_v2", "without_direct_launch"),
+                         ("cem_v2", "through_autotuner")}
     for x in rows.values():
         assert x["launches_per_call"] == 3  # forward, preprocess, backward
         assert x["full_us"] > 0 and x["without_launches_us"] > 0 and x["launches_us"] > 0
     layers = rows[("cem_v2", "cemlib")]["bwd_launch_layers_us"]
-    assert set(layers) >= {"autotuner_and_jit", "cached_choice_and_jit", "jit_run", "binder"}
+    assert set(layers) >= {"autotuner_and_jit", "cached_choice_and_jit", "cached_choice_and_direct",
+                           "jit_run", "direct_launch", "binder"}
     assert d["floor_us"] > 0

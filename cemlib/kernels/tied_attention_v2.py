@@ -82,6 +82,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.library import custom_op
 
+from cemlib.kernels import direct_launch
 from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -958,16 +959,18 @@ def _launch(name, kernel, grid, args, meta, block_d, device, table=None):
     Autotuned launches consult the autotuner once per call signature (:func:`_tuned_key`) and
     then launch the kernel with the configuration it chose: Triton's ``Autotuner.run`` rebuilds
     its key from every argument at every call (about as long as the launch itself on the host,
-    ``benchmarks/host_overhead.py``), which at T <= 1024 is time the GPU waits for."""
+    ``benchmarks/host_overhead.py``), which at T <= 1024 is time the GPU waits for. On CUDA the
+    launch itself skips Triton's per-call specialization (:mod:`cemlib.kernels.direct_launch`)."""
     table = table or name
     cfg = _select(name, device, block_d, table)
+    cuda = device.type == "cuda" and not INTERPRET
     if cfg is not None:
-        kernel[grid(cfg)](*args, **meta, **cfg)
+        direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, cuda)
         return
     key = _tuned_key(table, block_d, args, meta)
     best = _tuned.get(key)
     if best is not None:
-        kernel[grid(best)](*args, **meta, **best)
+        direct_launch.launch(kernel, grid(best), args, {**meta, **best}, cuda)
         return
     tuner = _tuner(name, kernel, table, block_d)
     tuner[grid](*args, **meta)

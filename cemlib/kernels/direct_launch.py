@@ -1,0 +1,122 @@
+"""Launching a compiled Triton kernel without deriving its specialization again at every call.
+
+``kernel[grid](*args, **kw)`` (Triton's ``JITFunction.run``) does, at every launch: read a few
+knobs, find the device and stream, run the *binder* over every argument (the dtype and 16-byte
+alignment of each pointer; whether each integer is 1, divisible by 16, or wider than 32 bits),
+turn that and the options into a cache key, look the compiled kernel up, check the kernel's
+global values, and call the compiled kernel's launcher. For the attention kernels' ~45 arguments
+that is about 19 us of host time per launch (Triton 3.6, one Xeon thread:
+``benchmarks/host_overhead.py``), as long as a short kernel runs on the GPU.
+
+:func:`launch` keeps the last step and replaces the others: the compiled kernel is looked up under
+a key of cemlib's own that is at least as fine as Triton's specialization (the device, every
+non-tensor argument and every keyword by value, every tensor by dtype and its address modulo 16:
+Triton specializes a pointer on nothing else, ``BaseBackend.get_tensor_specialization``), filled
+on a miss by one launch through Triton's own path, which compiles if needed and returns the
+compiled kernel. The launcher then receives exactly what ``JITFunction.run`` would give it: the grid, the
+current stream, the compiled function and metadata, the launch metadata and hooks, and the
+arguments in the kernel's parameter order (``tests/test_direct_launch.py`` records both paths at
+the launcher and compares them, for aligned and misaligned inputs).
+
+It is used only where that copy is faithful: on CUDA tensors, when the installed Triton's
+``JITFunction.run`` still ends with the launch this module copies (:data:`SUPPORTED`, checked
+once against its source), when the kernel has no pre-run hooks, and unless
+``CEMLIB_DIRECT_LAUNCH=0``; otherwise :func:`launch` is ``kernel[grid](*args, **kw)``. Knobs that
+Triton reads at launch time (``TRITON_DEBUG``, the instrumentation mode) are those of the first
+launch under each key.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+from torch import Tensor
+
+__all__ = ["launch", "enabled", "SUPPORTED", "clear"]
+
+# the end of JITFunction.run that launch() reproduces (whitespace-insensitive); if the installed
+# Triton launches differently, SUPPORTED is False and every launch goes through Triton's path
+_LAUNCH_LINES = (
+    "launch_metadata = kernel.launch_metadata(grid, stream, *bound_args.values())",
+    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
+    "launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
+    "*bound_args.values())",
+)
+
+
+def _flat(text: str) -> str:
+    return "".join(text.split())
+
+
+def _launch_convention_matches() -> bool:
+    try:
+        from triton.runtime.jit import JITFunction
+        source = _flat(inspect.getsource(JITFunction.run))
+    except (ImportError, OSError, TypeError):
+        return False
+    return all(_flat(line) in source for line in _LAUNCH_LINES)
+
+
+#: whether the installed Triton launches the way :func:`launch` copies
+SUPPORTED = _launch_convention_matches()
+_enabled = [os.environ.get("CEMLIB_DIRECT_LAUNCH", "1") != "0"]
+_compiled: dict = {}    # key -> CompiledKernel
+_signatures: dict = {}  # JITFunction -> (parameter names, defaults)
+
+
+def enabled() -> bool:
+    """Whether CUDA launches skip Triton's per-call specialization (:data:`SUPPORTED` and not
+    ``CEMLIB_DIRECT_LAUNCH=0``)."""
+    return SUPPORTED and _enabled[0]
+
+
+def clear() -> None:
+    """Forget every compiled kernel looked up so far (the next launch of each key goes through
+    Triton's path again)."""
+    _compiled.clear()
+
+
+def _key(device, kernel, args, kw) -> tuple:
+    return (device, kernel, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a
+                              for a in args], *kw.items())
+
+
+def _bound_values(kernel, args, kw) -> list:
+    """The arguments in the kernel's parameter order, defaults filled in: ``bound_args.values()``
+    of Triton's binder."""
+    if kernel not in _signatures:
+        params = inspect.signature(kernel.fn).parameters
+        _signatures[kernel] = (list(params), {n: p.default for n, p in params.items()
+                                              if p.default is not inspect.Parameter.empty})
+    names, defaults = _signatures[kernel]
+    values = list(args)
+    for name in names[len(args):]:
+        values.append(kw[name] if name in kw else defaults[name])
+    return values
+
+
+def launch(kernel, grid: tuple, args: tuple, kw: dict, cuda: bool = True):
+    """``kernel[grid](*args, **kw)``; on CUDA (``cuda``) and where :func:`enabled`, without
+    Triton's per-call binder and cache-key work after the first launch of a key."""
+    if not (cuda and enabled()) or kernel.pre_run_hooks:
+        return kernel[grid](*args, **kw)
+    from triton import knobs
+    from triton.runtime import driver
+    device = driver.active.get_current_device()
+    key = _key(device, kernel, args, kw)
+    compiled = _compiled.get(key)
+    if compiled is None:  # Triton's path: compiles if needed, returns the compiled kernel
+        compiled = kernel[grid](*args, **kw)
+        _compiled[key] = compiled
+        return compiled
+    stream = driver.active.get_current_stream(device)
+    values = _bound_values(kernel, args, kw)
+    grid_0 = grid[0]
+    grid_1 = grid[1] if len(grid) > 1 else 1
+    grid_2 = grid[2] if len(grid) > 2 else 1
+    launch_metadata = compiled.launch_metadata(grid, stream, *values)
+    compiled.run(grid_0, grid_1, grid_2, stream, compiled.function, compiled.packed_metadata,
+                 launch_metadata, knobs.runtime.launch_enter_hook,
+                 knobs.runtime.launch_exit_hook, *values)
+    return compiled

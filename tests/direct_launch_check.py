@@ -1,0 +1,141 @@
+"""Run by tests/test_direct_launch.py in a fresh process (compiled kernels, not the interpreter).
+
+Records, at the launcher (the boundary between Triton and the CUDA driver), what every launch of
+the v2 attention kernels receives, once through Triton's own path (``JITFunction.run``) and once
+through :mod:`cemlib.kernels.direct_launch`, for several calls; prints the comparison as JSON.
+No GPU: the kernels are compiled for sm_90 (Triton's bundled ptxas) and a stand-in driver's
+launcher records its arguments instead of launching.
+"""
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
+
+from cemlib.kernels import direct_launch, reference  # noqa: E402
+from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+
+RECORDS = []
+
+
+class _Utils:
+    def load_binary(self, name, kernel, shared, device):
+        return (1, 1, 0, 0, 1024)
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 227 * 1024, "multiprocessor_count": 132}
+
+
+class RecordingDriver:
+    """The H100 as target; each compiled kernel's launcher records what it is given."""
+
+    def __init__(self):
+        self.target = GPUTarget("cuda", 90, 32)
+        self.utils = _Utils()
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 7
+
+    def launcher_cls(self, src, metadata):
+        class Launcher:
+            def __call__(self, *args):
+                RECORDS.append((self, args))
+        return Launcher()
+
+
+def normalized(record, inputs):
+    """A launch as comparable values: the launcher (which compiled kernel), and every argument,
+    tensors as (dtype, shape, strides, address mod 16, and which input they are, if one)."""
+    launcher, args = record
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            which = next((i for i, t in enumerate(inputs) if t.data_ptr() == a.data_ptr()), None)
+            out.append(["tensor", str(a.dtype), list(a.shape), list(a.stride()), a.data_ptr() % 16,
+                        which])
+        elif isinstance(a, (int, float, bool, str)) or a is None:
+            out.append(a)
+        else:
+            out.append(repr(type(a).__name__))  # hooks, launch metadata, packed metadata
+    return [id(launcher)] + out
+
+
+def scenarios():
+    B, K, L, D, De = 1, 3, 40, 64, 48
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.bfloat16)  # noqa: E731
+    q, kv, do = rnd(B, L, K, D).transpose(1, 2), rnd(B, L, K, D).transpose(1, 2), rnd(B, K, L, D)
+    # q at an address 2 bytes past a 16-byte boundary: Triton compiles another specialization
+    base = torch.empty(B * L * K * D + 1, dtype=torch.bfloat16)[1:]
+    q_off = base.view(B, L, K, D).copy_(q.transpose(1, 2)).transpose(1, 2)
+    slopes = reference.alibi_slopes(K).float()
+    sb, cb = torch.zeros(K, requires_grad=True), torch.zeros(K, requires_grad=True)
+    qe, ke, doe = rnd(B, L, De), rnd(B, L, De), rnd(B, L, De)
+
+    def plain(qq, atomic=False):
+        def run():
+            a, b = qq.detach().requires_grad_(), kv.detach().requires_grad_()
+            o = v2.tied_attention(a, b, scale=0.125, alibi=slopes, self_bias=sb, cross_bias=cb,
+                                  atomic_dq=atomic)[0]
+            o.backward(do)
+            return [qq, kv, slopes, sb, cb, do]
+        return run
+
+    def diag():
+        a, b = q.detach().requires_grad_(), kv.detach().requires_grad_()
+        e, f = qe.detach().requires_grad_(), ke.detach().requires_grad_()
+        o, _, oe = v2.tied_attention(a, b, scale=0.125, alibi=slopes, q_extra=e, k_extra=f,
+                                     extra_values=True, extra_head_sum=True)
+        torch.autograd.backward((o, oe), (do, doe))
+        return [q, kv, slopes, qe, ke, do, doe]
+    return {"plain": plain(q), "plain, q misaligned": plain(q_off), "atomic dq": plain(q, True),
+            "default layer's call": diag}
+
+
+def recorded(run, direct, repeats):
+    """The launches of the last of ``repeats`` calls."""
+    direct_launch._enabled[0] = direct
+    for _ in range(repeats):
+        RECORDS.clear()
+        inputs = run()
+    return [normalized(r, inputs) for r in RECORDS]
+
+
+def main():
+    launch, cuda = v2._launch, torch.device("cuda")
+    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, table=None: launch(
+        name, kernel, grid, args, meta, block_d, cuda, table)
+    v2.INTERPRET = False
+    Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
+    driver.set_active(RecordingDriver())
+    out = {"supported": direct_launch.SUPPORTED, "scenarios": {}}
+    launchers = {}
+    for name, run in scenarios().items():
+        through_triton = recorded(run, False, 2)
+        direct = recorded(run, True, 3)  # a miss fills the cache, the later calls hit it
+        hits = len(direct_launch._compiled)
+        out["scenarios"][name] = dict(launches=len(direct), same=direct == through_triton,
+                                      first_difference=next(
+                                          ([a, b] for a, b in zip(direct, through_triton) if a != b),
+                                          None),
+                                      cached_kernels=hits)
+        launchers[name] = [r[0] for r in direct]
+    out["misaligned_q_uses_other_forward_kernel"] = (
+        launchers["plain"][0] != launchers["plain, q misaligned"][0])
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
