@@ -29,7 +29,8 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
 ``train`` (180)
     train-step tokens/s and MFU of Llama and CEM at T = 1 and T = 2 (``train_step.run``, bf16,
     ``torch.compile``, d = 768, 6 layers, context 256, batch 64), with the CEM/Llama ratios
-    against the targets (T = 1: >= 0.9, T = 2: >= 0.55).
+    against the targets (T = 1: >= 0.9, T = 2: >= 0.55), and each model's GPU time per step by
+    kernel family (two profiled steps: cemlib's Triton kernels, cuBLAS, Inductor, ...).
 
 Each stage writes ``results/gpu_<stage>_<device>.json``; ``results/gpu_summary_<device>.json``
 (rewritten after every stage) says what ran, how long it took, and what was skipped and why.
@@ -493,7 +494,7 @@ def train(s, device, deadline):
                                        layers=t["layers"], head_dim=t["head_dim"])
     rows = train_step.run(configs, batch=t["batch"], device=device, bf16=gpu,
                           compile_=t["compile"] and gpu, warmup=t["warmup"], iters=t["iters"],
-                          peak=peak, deadline=deadline)
+                          peak=peak, deadline=deadline, profile=gpu)
     return {"settings": {k: v for k, v in t.items()}, "peak_flops": peak,
             "peak_source": "measured bf16 8192^3 matmul" if gpu else None,
             "dtype": "bf16-autocast" if gpu else "float32", "rows": rows,

@@ -46,10 +46,58 @@ def _graph_breaks() -> int:
     return sum(counters["graph_break"].values())
 
 
+#: kernel families of a training step's GPU time, by kernel name (first match)
+KERNEL_FAMILIES = (
+    ("cemlib attention (Triton)", ("_fwd_kernel", "_bwd_kernel", "_pre_kernel", "_headsum_kernel",
+                                   "_extra_grads_kernel", "_bwd_dkv_kernel", "_bwd_dq_kernel",
+                                   "_rowdot_kernel")),
+    ("cemlib MLP (Triton)", ("_gate_kernel", "_silu_gate_bwd_kernel", "_dplr_kernel")),
+    ("attention (SDPA, cuDNN / flash)", ("flash", "fmha", "sdpa", "cudnn")),
+    ("matrix products (cuBLAS)", ("gemm", "sm90_xmma", "cutlass", "nvjet", "ampere_", "sm80_xmma")),
+    ("fused element-wise (Inductor)", ("triton_",)),
+    ("element-wise / reductions (eager)", ("elementwise", "reduce_kernel", "at::native")),
+)
+
+
+def kernel_families(per_kernel_us: dict, steps: int) -> dict:
+    """GPU time per step by :data:`KERNEL_FAMILIES` (``other`` for the rest), in ms, from
+    ``{kernel name: total microseconds over steps}``, and the ten longest kernels."""
+    out = {}
+    for name, us in per_kernel_us.items():
+        family = next((f for f, keys in KERNEL_FAMILIES if any(k in name for k in keys)), "other")
+        out[family] = out.get(family, 0.0) + us / 1e3 / steps
+    longest = sorted(per_kernel_us.items(), key=lambda kv: -kv[1])[:10]
+    return {"ms_per_step": dict(sorted(out.items(), key=lambda kv: -kv[1])),
+            "total_ms_per_step": sum(per_kernel_us.values()) / 1e3 / steps,
+            "longest": [{"name": n[:120], "ms_per_step": us / 1e3 / steps} for n, us in longest]}
+
+
+def profile_steps(step, device: torch.device, steps: int = 2) -> dict | None:
+    """``torch.profiler`` over ``steps`` training steps (CUDA only): :func:`kernel_families` of
+    their GPU kernels, and the kernels launched per step."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+    per_kernel, n = {}, 0
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+            n += 1
+    return {**kernel_families(per_kernel, steps), "kernels_per_step": n / steps}
+
+
 def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compile_: bool,
-              warmup: int, iters: int) -> dict:
+              warmup: int, iters: int, profile: bool = False) -> dict:
     """Time ``warmup + iters`` training steps of ``LanguageModel(cfg)``; the median and quantiles
-    of the last ``iters``."""
+    of the last ``iters``; with ``profile`` (CUDA), where two more steps spend their GPU time
+    (:func:`profile_steps`)."""
     torch.manual_seed(0)
     model = LanguageModel(cfg).to(device)
     opt = make_optimizer(model, OptimConfig())
@@ -63,19 +111,23 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for i in range(warmup + iters):
-        sync()
-        t0 = time.perf_counter()
+    def step():
         with ctx():
             logits = step_model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), x.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    times = []
+    for i in range(warmup + iters):
+        sync()
+        t0 = time.perf_counter()
+        step()
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+    kernels = profile_steps(step, device) if profile else None
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     med = statistics.median(times)
     return {"attn": cfg.attn, "mlp": cfg.mlp, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
@@ -85,7 +137,8 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
             "median_s": med, "p10_s": q[0], "p90_s": q[-1], "tokens_per_s": batch * cfg.context_length / med,
             "forward_flops_per_token": flops_per_token(cfg),
             "graph_breaks": _graph_breaks() if compile_ else None,
-            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            "gpu_kernels": kernels}
 
 
 def model_configs(widths, Ts, *, vocab, context, layers, head_dim):
@@ -101,10 +154,12 @@ def model_configs(widths, Ts, *, vocab, context, layers, head_dim):
     return out
 
 
-def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline=None) -> list:
-    """One row per configuration (MFU against ``peak`` FLOP/s). With a ``deadline``
-    (``time.monotonic()``), a configuration is skipped (and recorded so) when the previous one's
-    wall time (building, compiling, timing) would end past it."""
+def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline=None,
+        profile=False) -> list:
+    """One row per configuration (MFU against ``peak`` FLOP/s; with ``profile``, the GPU time of
+    two more steps by kernel family). With a ``deadline`` (``time.monotonic()``), a configuration
+    is skipped (and recorded so) when the previous one's wall time (building, compiling, timing)
+    would end past it."""
     rows, last = [], 0.0
     for name, cfg in configs:
         if deadline is not None and time.monotonic() + last > deadline:
@@ -112,13 +167,19 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
             print(f"{name:16s} skipped (time budget)", flush=True)
             continue
         t0 = time.monotonic()
-        row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters)}
+        row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters,
+                                          profile)}
         last = row["wall_s"] = time.monotonic() - t0
         row["mfu"] = mfu(row["forward_flops_per_token"], row["tokens_per_s"], peak)
         rows.append(row)
         print(f"{name:16s} {1e3 * row['median_s']:8.2f} ms/step  {row['tokens_per_s']:10.0f} tok/s  "
               f"MFU {row['mfu'] if row['mfu'] is None else round(row['mfu'], 3)}  "
               f"graph breaks {row['graph_breaks']}", flush=True)
+        if row.get("gpu_kernels"):
+            k = row["gpu_kernels"]
+            print(f"{'':16s} GPU {k['total_ms_per_step']:.2f} ms/step in {k['kernels_per_step']:.0f} "
+                  "kernels: " + ", ".join(f"{f} {ms:.2f}" for f, ms in k["ms_per_step"].items()),
+                  flush=True)
     return rows
 
 

@@ -190,3 +190,21 @@ def test_host_overhead_script_runs(tmp_path):
     assert set(layers) >= {"autotuner_and_jit", "cached_choice_and_jit", "cached_choice_and_direct",
                            "jit_run", "direct_launch", "binder"}
     assert d["floor_us"] > 0
+
+
+def test_train_step_sorts_kernels_into_families():
+    """The train stage's profile: GPU time per step by kernel family, first matching family,
+    'other' for the rest, in ms per step; the longest kernels first."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_step
+
+    per_kernel_us = {"_bwd_kernel": 4000.0, "_fwd_kernel": 1000.0, "nvjet_tst_128x256_h_bz": 6000.0,
+                     "triton_poi_fused_add_mul_0": 800.0, "void at::native::vectorized_elementwise_kernel": 200.0,
+                     "Memset (Device)": 20.0}
+    k = train_step.kernel_families(per_kernel_us, steps=2)
+    assert k["ms_per_step"] == {"matrix products (cuBLAS)": 3.0, "cemlib attention (Triton)": 2.5,
+                                "fused element-wise (Inductor)": 0.4,
+                                "element-wise / reductions (eager)": 0.1, "other": 0.01}
+    assert list(k["ms_per_step"]) == sorted(k["ms_per_step"], key=lambda f: -k["ms_per_step"][f])
+    assert k["total_ms_per_step"] == sum(per_kernel_us.values()) / 2e3
+    assert k["longest"][0] == {"name": "nvjet_tst_128x256_h_bz", "ms_per_step": 3.0}
