@@ -7,8 +7,9 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     bf16 and fp16 against the float64 reference with the FlashAttention criterion (a result's
     error at most twice the same-dtype PyTorch reference's, plus a floor), output and every
     gradient: CEM attention v1 and v2 (ALiBi, self/cross biases; and the default layer's call
-    with the shared diagonal), the tied MLP step v2 and v1; and whether a CEM attention and MLP
-    layer's forward+backward makes a synchronising CUDA call (``torch.cuda.set_sync_debug_mode``).
+    with the shared diagonal), the tied MLP step v2 and v1; v2 with direct launches against v2
+    through Triton's launch path (bit for bit); and whether a CEM attention and MLP layer's
+    forward+backward makes a synchronising CUDA call (``torch.cuda.set_sync_debug_mode``).
 ``autotune`` (100)
     ``triton.testing.do_bench`` sweeps: every ``triton.autotune`` of the attention v2 module, run
     at each T of the timing table (the configurations' timings as Triton measured them), and the
@@ -54,6 +55,7 @@ Usage: ``python benchmarks/gpu_kernels.py [--stage attention mlp] [--force]`` or
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -163,6 +165,9 @@ def correctness(s, device, deadline):
                                error=f"{type(err).__name__}: {err}"))
         print(what, shape, dtype, checks[-1].get("passed", checks[-1].get("skipped")), flush=True)
 
+    shape = s["check_attention"][1 if len(s["check_attention"]) > 1 else 0]
+    record("direct_launch_v2", list(shape), s["dtypes"][0],
+           lambda: direct_launch_check(device, s["dtypes"][0], shape))
     for impl in ("v1", "v2", "v2_atomic"):
         fn, availability[f"attention_{impl}"] = bench_attention.implementation(impl)
         if fn is None:
@@ -203,6 +208,39 @@ def correctness(s, device, deadline):
     return {"checks": checks, "implementations": availability,
             "passed": all(c.get("passed", True) for c in checks),
             "sync": sync_check(device)}
+
+
+def direct_launch_check(device, dtype, shape) -> dict:
+    """v2 attention forward+backward with direct launches (:mod:`cemlib.kernels.direct_launch`)
+    and through Triton's own launch path: the same compiled kernels given the same arguments, so
+    outputs and gradients must be equal bit for bit (the default backward has no atomics)."""
+    from cemlib.kernels import direct_launch
+    fn, _ = bench_attention.implementation("v2")
+    B, K, L, D = shape
+    g = torch.Generator(device=device).manual_seed(3)
+    q, kv = torch.randn(2, B, K, L, D, generator=g, device=device, dtype=dtype)
+    sb, cb = torch.randn(2, K, generator=g, device=device)
+    alibi = reference.alibi_slopes(K).to(device)
+
+    def run():
+        return _outputs_and_grads(lambda q, kv, sb, cb: fn(q, kv, scale=D ** -0.5, alibi=alibi,
+                                                          self_bias=sb, cross_bias=cb),
+                                  [q, kv, sb, cb], {})
+    module = importlib.import_module(bench_attention.IMPLEMENTATIONS["v2"][0])
+    previous, tuning = direct_launch._enabled[0], module.AUTOTUNE
+    module.AUTOTUNE = False             # each kernel's default configuration: no tuning here
+    try:
+        direct_launch._enabled[0] = True
+        run()
+        direct = run()                  # launched from the direct path's cache
+        cached = len(direct_launch._compiled)
+        direct_launch._enabled[0] = False
+        through_triton = run()
+    finally:
+        direct_launch._enabled[0], module.AUTOTUNE = previous, tuning
+    same = [torch.equal(a, b) for a, b in zip(direct, through_triton)]
+    return {"passed": all(same), "bitwise_equal": same, "cached_kernels": cached,
+            "direct_used": direct_launch.enabled() and device.type == "cuda"}
 
 
 def synchronising_calls(messages) -> list[str]:

@@ -69,7 +69,9 @@ def test_gpu_script_dry_run(tmp_path):
     c = files["correctness"]
     assert c["passed"] and c["implementations"]["attention_v1"]["available"]
     assert {x["check"] for x in c["checks"]} >= {"attention_v1", "attention_diag_v1", "mlp_v2",
-                                                 "mlp_v1"}
+                                                 "mlp_v1", "direct_launch_v2"}
+    direct = next(x for x in c["checks"] if x["check"] == "direct_launch_v2")
+    assert direct["passed"] and not direct["direct_used"]   # the interpreter: Triton's own path
     assert files["autotune"]["mlp_elementwise"]["best"]
     methods = {x["method"] for x in files["attention"]["results"]}
     assert {"sdpa_untied", "sdpa_tied", "cem_v1"} <= methods
