@@ -121,17 +121,22 @@ def main():
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
     driver.set_active(RecordingDriver())
     out = {"supported": direct_launch.SUPPORTED, "scenarios": {}}
+    runs = scenarios()
     launchers = {}
-    for name, run in scenarios().items():
-        through_triton = recorded(run, False, 2)
-        direct = recorded(run, True, 3)  # a miss fills the cache, the later calls hit it
-        hits = len(direct_launch._compiled)
-        out["scenarios"][name] = dict(launches=len(direct), same=direct == through_triton,
-                                      first_difference=next(
-                                          ([a, b] for a, b in zip(direct, through_triton) if a != b),
-                                          None),
-                                      cached_kernels=hits)
-        launchers[name] = [r[0] for r in direct]
+    # autotuned launches (the default), then each kernel's first configuration (CEMLIB_AUTOTUNE=0,
+    # or use_configs): two caches, tied_attention_v2._tuned and direct_launch's own
+    for autotune, suffix in ((True, ""), (False, " (fixed configurations)")):
+        v2.AUTOTUNE = autotune
+        through_triton = {name: recorded(run, False, 2) for name, run in runs.items()}
+        v2._tuned.clear()  # the direct path from empty caches, the scenarios in order: a call
+        direct_launch.clear()  # then finds what the calls before it left (aligned kernels, say)
+        for name, run in runs.items():
+            direct = recorded(run, True, 3)  # a miss fills the caches, later calls hit them
+            out["scenarios"][name + suffix] = dict(
+                launches=len(direct), same=direct == through_triton[name],
+                first_difference=next(([a, b] for a, b in zip(direct, through_triton[name])
+                                       if a != b), None))
+            launchers[name + suffix] = [r[0] for r in direct]
     out["misaligned_q_uses_other_forward_kernel"] = (
         launchers["plain"][0] != launchers["plain, q misaligned"][0])
     json.dump(out, sys.stdout)

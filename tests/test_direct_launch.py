@@ -5,10 +5,12 @@ No GPU is needed: ``direct_launch_check.py`` (in a fresh process, compiled kerne
 interpreter) compiles the v2 attention kernels for sm_90 and replaces the CUDA driver by one whose
 launchers record their arguments. Every launch of four calls (plain; ``q`` at an address that is
 not 16-byte aligned, which Triton compiles separately; atomic ``dq``; the default layer's call
-with the shared diagonal) is recorded through ``JITFunction.run`` and through the direct path,
-after the direct path's cache is warm, and compared: the same compiled kernel, grid, stream,
-metadata, hooks and arguments. With a cache key that ignored the alignment, the misaligned call
-would launch the aligned kernel: that comparison fails (shown once, when the test was written).
+with the shared diagonal) is recorded through ``JITFunction.run`` and through the direct path
+(the calls in that order from empty caches, each repeated until it hits them), with autotuning
+and with fixed configurations, and compared: the same compiled kernel, grid, stream, metadata,
+hooks and arguments. With a cache key that ignored the alignment, the misaligned call would
+launch the kernel compiled for the aligned one: that comparison fails, in both modes (shown once,
+when the test was written).
 """
 
 import importlib.util
@@ -37,6 +39,7 @@ def test_direct_launches_equal_tritons_own():
     for name, s in out["scenarios"].items():
         assert s["same"], (name, s["first_difference"])
         assert s["launches"] == (6 if "default" in name else 3), (name, s)
+    assert len(out["scenarios"]) == 8
     assert out["misaligned_q_uses_other_forward_kernel"]
 
 

@@ -33,7 +33,7 @@ import os
 
 from torch import Tensor
 
-__all__ = ["launch", "enabled", "SUPPORTED", "clear"]
+__all__ = ["launch", "run", "enabled", "SUPPORTED", "clear", "specialization_key"]
 
 # the end of JITFunction.run that launch() reproduces (whitespace-insensitive); if the installed
 # Triton launches differently, SUPPORTED is False and every launch goes through Triton's path
@@ -77,9 +77,14 @@ def clear() -> None:
     _compiled.clear()
 
 
+def specialization_key(args) -> list:
+    """The arguments as they decide Triton's specialization, or finer: non-tensors by value,
+    tensors by dtype and address modulo 16."""
+    return [(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args]
+
+
 def _key(device, kernel, args, kw) -> tuple:
-    return (device, kernel, *[(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a
-                              for a in args], *kw.items())
+    return (device, kernel, *specialization_key(args), *kw.items())
 
 
 def _bound_values(kernel, args, kw) -> list:
@@ -101,7 +106,6 @@ def launch(kernel, grid: tuple, args: tuple, kw: dict, cuda: bool = True):
     Triton's per-call binder and cache-key work after the first launch of a key."""
     if not (cuda and enabled()) or kernel.pre_run_hooks:
         return kernel[grid](*args, **kw)
-    from triton import knobs
     from triton.runtime import driver
     device = driver.active.get_current_device()
     key = _key(device, kernel, args, kw)
@@ -110,6 +114,17 @@ def launch(kernel, grid: tuple, args: tuple, kw: dict, cuda: bool = True):
         compiled = kernel[grid](*args, **kw)
         _compiled[key] = compiled
         return compiled
+    return run(compiled, kernel, grid, args, kw, device)
+
+
+def run(compiled, kernel, grid: tuple, args: tuple, kw: dict, device=None):
+    """Launch ``compiled``, the kernel that Triton compiled for ``kernel`` with arguments of the
+    same specialization as ``args``/``kw`` (the caller's key must guarantee that, as
+    :func:`launch`'s does), exactly as the end of ``JITFunction.run`` does."""
+    from triton import knobs
+    from triton.runtime import driver
+    if device is None:
+        device = driver.active.get_current_device()
     stream = driver.active.get_current_stream(device)
     values = _bound_values(kernel, args, kw)
     grid_0 = grid[0]

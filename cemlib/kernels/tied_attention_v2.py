@@ -967,26 +967,34 @@ def _launch(name, kernel, grid, args, meta, block_d, device, table=None):
     if cfg is not None:
         direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, cuda)
         return
-    key = _tuned_key(table, block_d, args, meta)
-    best = _tuned.get(key)
-    if best is not None:
-        direct_launch.launch(kernel, grid(best), args, {**meta, **best}, cuda)
+    key = _tuned_key(table, block_d, device, args, meta)
+    entry = _tuned.get(key)
+    if entry is None:
+        tuner = _tuner(name, kernel, table, block_d)
+        tuner[grid](*args, **meta)
+        _tuned[key] = [dict(tuner.best_config.all_kwargs()), None]
         return
-    tuner = _tuner(name, kernel, table, block_d)
-    tuner[grid](*args, **meta)
-    _tuned[key] = dict(tuner.best_config.all_kwargs())
+    best, compiled = entry
+    kw = {**meta, **best}
+    if compiled is not None and cuda and direct_launch.enabled() and not kernel.pre_run_hooks:
+        direct_launch.run(compiled, kernel, grid(best), args, kw)
+    else:  # Triton's launch path; it returns the compiled kernel for the next launch
+        entry[1] = kernel[grid(best)](*args, **kw)
 
 
-_tuned: dict = {}  # _tuned_key -> the autotuner's configuration (kwargs, num_warps, num_stages)
+# _tuned_key -> [the autotuner's configuration (kwargs, num_warps, num_stages), the kernel Triton
+# compiled for it (None until launched once with it)]
+_tuned: dict = {}
 
 
-def _tuned_key(table, block_d, args, meta) -> tuple:
-    """What the autotuner's choice for a launch may depend on, at least as fine as its own key
-    (the :data:`_TUNE_KEYS` values and every tensor's dtype): the space, the padded head width,
-    every non-tensor argument (sizes, strides, scales), every meta-parameter and every tensor's
-    dtype. A finer key only costs an extra (cached) consultation of the autotuner."""
-    return (table, block_d, *meta.values(),
-            *[a.dtype if isinstance(a, Tensor) else a for a in args])
+def _tuned_key(table, block_d, device, args, meta) -> tuple:
+    """What the autotuner's choice and Triton's specialization for a launch may depend on, at
+    least as fine as either: the space, the padded head width, the device, every meta-parameter,
+    every non-tensor argument (sizes, strides, scales) by value and every tensor by dtype and
+    address modulo 16 (:func:`cemlib.kernels.direct_launch.specialization_key`; the autotuner's
+    own key is the :data:`_TUNE_KEYS` values and the dtypes). A finer key only costs an extra
+    (cached) consultation of the autotuner."""
+    return (table, block_d, device, *meta.values(), *direct_launch.specialization_key(args))
 
 
 def _tuner(name, kernel, table, block_d):
