@@ -15,7 +15,8 @@ diagonal's two GEMMs, the atomic path's conversion of ``dq``) then cost the CPU 
 in arithmetic, where on a GPU each would be one launch, a few microseconds of host time.
 
 Rows, per method (``cem_v2``: ALiBi and self/cross biases, every gradient, the call the kernel
-benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's call) and per path:
+benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's call; ``mlp_v2``:
+the tied gated-MLP step v2, 16 tokens, D_h = 16, D_v = 64, float32) and per path:
 
 - ``cemlib``: as shipped; the autotuner is consulted once per call signature
   (``tied_attention_v2._launch``), and the compiled kernel is launched without Triton's per-call
@@ -23,7 +24,10 @@ benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's cal
 - ``without_direct_launch``: the same through Triton's ``JITFunction.run`` at every launch
   (``CEMLIB_DIRECT_LAUNCH=0``);
 - ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before either
-  change.
+  change;
+- ``custom_ops`` (the MLP step): its ``torch.library`` custom operators called in eager mode and
+  every launch through Triton's path, as before the step got an ``autograd.Function`` for eager
+  mode (the custom operators now serve ``torch.compile`` only).
 
 Columns: median microseconds of one forward+backward (``full_us``), the same with every Triton
 launch skipped (``without_launches_us``: torch and cemlib only), the recorded launches replayed
@@ -60,11 +64,12 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cemlib.kernels import direct_launch, reference  # noqa: E402
+from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 from cemlib.train.results import git_commit  # noqa: E402
 from outputs import RESULTS, announce, write_json  # noqa: E402
 
-METHODS = ("cem_v2", "cem_v2_atomic", "cem_diag_v2")
+METHODS = ("cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
 
 
 class _Utils:
@@ -104,6 +109,9 @@ def gpu_paths():
     v2._launch = lambda name, kernel, grid, args, meta, block_d, device, table=None: launch(
         name, kernel, grid, args, meta, block_d, cuda, table)
     v2.INTERPRET = False
+    direct = direct_launch.launch  # the MLP's element-wise launches: as on CUDA tensors
+    direct_launch.launch = lambda kernel, grid, args, kw, cuda=True: direct(kernel, grid, args,
+                                                                          kw, True)
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
     for f in vars(v2).values():
         if isinstance(f, triton.runtime.jit.JITFunction):
@@ -141,9 +149,22 @@ def median_us(fn, n, reset=()):
     return statistics.median(times) * 1e6
 
 
-def call_of(name, B=1, H=12, T=16, d=64, De=768, dtype=torch.bfloat16):
-    """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it."""
+def call_of(name, B=1, H=12, T=16, d=64, De=768, dtype=torch.bfloat16, path="cemlib"):
+    """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it (the
+    tied MLP step: ``path="custom_ops"`` calls its ``torch.library`` operators, the eager path
+    before this benchmark's changes)."""
     g = torch.Generator().manual_seed(0)
+    if name == "mlp_v2":  # float32: the CPU's bf16 GEMMs would add arithmetic, even this small
+        u, dy = (torch.randn(T, 16, generator=g) for _ in range(2))
+        V = torch.randn(64, 16, generator=g)
+        gamma = torch.randn(T, 64, generator=g)
+        leaves = [t.clone().requires_grad_() for t in (u, V, gamma)]
+        step = ((lambda *xs: gm._step_fwd(*xs)[0]) if path == "custom_ops"
+                else gm.tied_gated_mlp_step)
+
+        def call():
+            step(*leaves).backward(dy)
+        return call, leaves
     q, kv, do = (torch.randn(B, H, T, d, generator=g, dtype=dtype) for _ in range(3))
     slopes = reference.alibi_slopes(H).float()
     if name == "cem_diag_v2":
@@ -196,7 +217,8 @@ def floor_us(n, B=1, H=12, T=16, d=64):
     return median_us(call, n, leaves)
 
 
-PATHS = ("cemlib", "without_direct_launch", "through_autotuner")
+PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner"),
+         "mlp": ("cemlib", "custom_ops")}
 
 
 def measure(name, path, n):
@@ -204,25 +226,26 @@ def measure(name, path, n):
     v2._tuned = _NoCache() if path == "through_autotuner" else {}
     direct_launch._enabled[0] = path == "cemlib"
     direct_launch.clear()
-    call, leaves = call_of(name)
+    call, leaves = call_of(name, path=path)
     call()  # compiles, autotunes
     for _ in range(20):
         call()
     full = median_us(call, n, leaves)
-    launch, recorded = v2._launch, []
+    module, attr = (gm, "_elementwise") if name.startswith("mlp") else (v2, "_launch")
+    launch, recorded = getattr(module, attr), []
 
     def record(*args, **kw):
         recorded.append((args, kw))
         return launch(*args, **kw)
-    v2._launch = record
+    setattr(module, attr, record)
     for t in leaves:
         t.grad = None
     call()
-    v2._launch = lambda *args, **kw: None
+    setattr(module, attr, lambda *args, **kw: None)
     try:
         without = median_us(call, n, leaves)
     finally:
-        v2._launch = launch
+        setattr(module, attr, launch)
 
     def replay():
         for args, kw in recorded:
@@ -292,7 +315,7 @@ def main(argv=None):
     n = 30 if args.quick else 400
     rows = []
     for name in (("cem_v2",) if args.quick else METHODS):
-        for path in PATHS:
+        for path in PATHS["mlp" if name.startswith("mlp") else "attention"]:
             row = measure(name, path, n)
             rows.append(row)
             print(f"{name:14s} {path:21s} fwd+bwd {row['full_us']:7.1f} us  without launches "

@@ -290,6 +290,33 @@ def test_gated_mlp_v2_backward_leaves_saved_tensors_intact():
         assert torch.equal(a, b)
 
 
+def _graph_nodes(t):
+    seen, todo = [], [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.append(node)
+            todo.extend(n for n, _ in node.next_functions)
+    return [type(n).__name__ for n in seen]
+
+
+def test_gated_mlp_v2_eager_is_one_autograd_function():
+    """In eager mode the v2 step is one ``autograd.Function`` (less host time than its pair of
+    ``torch.library`` custom ops, which serve ``torch.compile``: see the compile test below); its
+    gradients are those of the custom ops."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(*s, generator=g).to(DEVICE) for s in ((5, 8), (12, 8), (5, 12))]
+    leaves = [x.clone().requires_grad_() for x in xs]
+    y = gated_mlp_triton.tied_gated_mlp_step(*leaves)
+    names = _graph_nodes(y)
+    assert "_TiedMLPStepBackward" in names and not any("tied_mlp_step" in n for n in names), names
+    y.square().sum().backward()
+    ops_leaves = [x.clone().requires_grad_() for x in xs]
+    gated_mlp_triton._step_fwd(*ops_leaves)[0].square().sum().backward()
+    for a, b in zip(leaves, ops_leaves):
+        assert torch.equal(a.grad, b.grad)
+
+
 def test_dispatch_sends_the_mlp_step_to_v2(monkeypatch):
     calls = []
     real = gated_mlp_triton.tied_gated_mlp_step

@@ -22,7 +22,10 @@ buffers (``h``, ``da``/``dh``/``a``, ``dgamma``) and never writes into a saved t
 retained graph can be differentiated again and ``torch.compile`` sees no mutation. Without
 autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager holds two at a time.
 Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
-:func:`tied_gated_mlp_step` is the entry point (autograd through ``torch.library`` custom ops).
+:func:`tied_gated_mlp_step` is the entry point: in eager mode one ``torch.autograd.Function``
+(its host cost is a fraction of a custom operator's), while compiling (``torch.compile``) the same
+forward and backward as opaque ``torch.library`` custom ops; the element-wise launches skip
+Triton's per-call specialization on CUDA (:mod:`cemlib.kernels.direct_launch`).
 
 **v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward
 kernel computes the gate product ``a = gamma * SiLU(u V^T)`` in the epilogue of the ``u V^T``
@@ -58,7 +61,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.library import custom_op
+
+from cemlib.kernels import direct_launch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -249,7 +255,8 @@ def _elementwise(kernel, n, *args, dtype, config=None):
         return
     if INTERPRET:
         config.pop("num_warps", None)
-    kernel[(triton.cdiv(n, config["BLOCK"]),)](*args, n, ACC=_acc(dtype), **config)
+    direct_launch.launch(kernel, (-(-n // config["BLOCK"]),), (*args, n),
+                         dict(ACC=_acc(dtype), **config), args[0].is_cuda and not INTERPRET)
 
 
 def _check_same(*ts):
@@ -284,12 +291,54 @@ def _on_device(t: Tensor):
     return on_device(t)
 
 
-@custom_op("cemlib::tied_mlp_step_fwd", mutates_args=())
-def _step_fwd(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
+def _forward(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
+    """``(y, h)``: the step and ``h = u V^T``, kept for the backward."""
     with _on_device(u):
         h = u @ V.T
         y = silu_gate(h, gamma.contiguous()) @ V
     return y, h
+
+
+def _backward(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor, h: Tensor):
+    """``(du, dV, dgamma)`` from the saved ``u, V, gamma, h``; writes into no saved tensor."""
+    gamma = gamma.contiguous()
+    with _on_device(u):
+        d = dy @ V.T                                # da; becomes dh, then a
+        dgamma = silu_gate_backward(h, gamma, d)
+        du = d @ V
+        dV = d.T @ u
+        silu_gate(h, gamma, out=d)                  # a = gamma * SiLU(h), recomputed
+        dV.addmm_(d.T, dy)
+    return du, dV, dgamma
+
+
+def _inference(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
+    with _on_device(u):
+        h = u @ V.T
+        return silu_gate(h, gamma.contiguous(), out=h) @ V  # a overwrites h: nothing to save
+
+
+class _TiedMLPStep(torch.autograd.Function):
+    """Eager autograd of the step: one ``autograd.Function``, which costs the host less than the
+    pair of ``torch.library`` custom operators (``benchmarks/host_overhead.py``, row ``mlp_v2``:
+    the host time of a forward+backward with either); at small widths (D_h = 768 on the H100)
+    host time is time the GPU waits for."""
+
+    @staticmethod
+    def forward(ctx, u, V, gamma):
+        y, h = _forward(u, V, gamma)
+        ctx.save_for_backward(u, V, gamma, h)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        return _backward(dy, *ctx.saved_tensors)
+
+
+@custom_op("cemlib::tied_mlp_step_fwd", mutates_args=())
+def _step_fwd(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
+    return _forward(u, V, gamma)
 
 
 @_step_fwd.register_fake
@@ -300,15 +349,7 @@ def _(u, V, gamma):
 @custom_op("cemlib::tied_mlp_step_bwd", mutates_args=())
 def _step_bwd(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor,
               h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    gamma = gamma.contiguous()
-    with _on_device(u):
-        d = dy @ V.T                                # da; becomes dh, then a
-        dgamma = silu_gate_backward(h, gamma, d)
-        du = d @ V
-        dV = d.T @ u
-        silu_gate(h, gamma, out=d)                  # a = gamma * SiLU(h), recomputed
-        dV.addmm_(d.T, dy)
-    return du, dV, dgamma
+    return _backward(dy, u, V, gamma, h)
 
 
 @_step_bwd.register_fake
@@ -334,9 +375,7 @@ _step_fwd.register_autograd(_step_backward, setup_context=_step_setup)
 
 @custom_op("cemlib::tied_mlp_step_infer", mutates_args=())
 def _step_infer(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
-    with _on_device(u):
-        h = u @ V.T
-        return silu_gate(h, gamma.contiguous(), out=h) @ V  # a overwrites h: nothing to save
+    return _inference(u, V, gamma)
 
 
 @_step_infer.register_fake
@@ -353,8 +392,9 @@ def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
     lead, Dh, Dv = u.shape[:-1], u.shape[-1], V.shape[0]
     gamma = gamma.expand(*lead, Dv).reshape(-1, Dv)
     u = u.reshape(-1, Dh)
-    if torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad):
-        y, _ = _step_fwd(u, V, gamma)
+    grad = torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad)
+    if torch.compiler.is_compiling():  # opaque custom ops: no graph break, no tracing into Triton
+        y = _step_fwd(u, V, gamma)[0] if grad else _step_infer(u, V, gamma)
     else:
-        y = _step_infer(u, V, gamma)
+        y = _TiedMLPStep.apply(u, V, gamma) if grad else _inference(u, V, gamma)
     return y.reshape(*lead, Dh)
