@@ -57,7 +57,6 @@ os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels (for sm_90), never the 
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
@@ -67,6 +66,7 @@ from cemlib.kernels import direct_launch, reference  # noqa: E402
 from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 from cemlib.train.results import git_commit  # noqa: E402
+from compile_kernels import _TargetDriver  # noqa: E402
 from outputs import RESULTS, announce, write_json  # noqa: E402
 
 METHODS = ("cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
@@ -80,22 +80,14 @@ class _Utils:
         return {"max_shared_mem": 227 * 1024, "multiprocessor_count": 132}
 
 
-class NullDriver:
-    """Stands in for the CUDA driver: the H100 as target, device and stream 0, and a launcher
-    that does nothing (so everything before the driver's launch runs, and nothing after)."""
+class NullDriver(_TargetDriver):
+    """Stands in for the CUDA driver (``compile_kernels._TargetDriver``: the H100 as target,
+    device and stream 0) and takes launches too: no module is loaded, and the launcher does
+    nothing, so everything before the driver's launch runs, and nothing after."""
 
     def __init__(self, arch: int = 90):
-        self.target = GPUTarget("cuda", arch, 32)
+        super().__init__(arch)
         self.utils = _Utils()
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
 
     def launcher_cls(self, src, metadata):
         return lambda *args: None

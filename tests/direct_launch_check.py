@@ -14,9 +14,12 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from host_overhead import NullDriver  # noqa: E402
 
 from cemlib.kernels import direct_launch, reference  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
@@ -24,26 +27,9 @@ from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 RECORDS = []
 
 
-class _Utils:
-    def load_binary(self, name, kernel, shared, device):
-        return (1, 1, 0, 0, 1024)
-
-    def get_device_properties(self, device):
-        return {"max_shared_mem": 227 * 1024, "multiprocessor_count": 132}
-
-
-class RecordingDriver:
-    """The H100 as target; each compiled kernel's launcher records what it is given."""
-
-    def __init__(self):
-        self.target = GPUTarget("cuda", 90, 32)
-        self.utils = _Utils()
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
+class RecordingDriver(NullDriver):
+    """The stand-in driver of ``benchmarks/host_overhead.py`` (the H100 as target, no module
+    loaded), on stream 7, whose launchers record what they are given."""
 
     def get_current_stream(self, device=None):
         return 7
