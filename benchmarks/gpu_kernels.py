@@ -431,7 +431,7 @@ def profile(s, device, deadline):
                     calls["fwd_bwd"]()
                 sync()
             graphed_ms, graph_error = None, None
-            if device.type == "cuda":
+            if device.type == "cuda" and name in GRAPHED:
                 try:
                     graphed_ms = graphed_call_ms(calls["fwd_bwd"], iters)
                 except Exception as err:  # recorded, not fatal: the other columns stand
@@ -457,6 +457,10 @@ def profile(s, device, deadline):
                   f"graphed {graphed_ms}", f"{rows[-1]['kernels_per_call']} kernels/call",
                   graph_error or "", flush=True)
     return {"iters": iters, "rows": rows, "ratios": profile_ratios(rows)}
+
+
+#: the methods the profile stage also replays from a CUDA graph (the first version is left out)
+GRAPHED = ("sdpa_untied", "sdpa_tied", "cem_v2", "cem_v2_atomic", "cem_diag_v2", "cem_diag_v2_atomic")
 
 
 def graphed_call_ms(fn, iters):
