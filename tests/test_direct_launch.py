@@ -59,3 +59,29 @@ def test_direct_launch_falls_back_off_cuda():
     for _ in range(2):
         assert direct_launch.launch(Kernel(), (2, 1), (1, 2), {"X": 3}, cuda=False) == "compiled"
     assert calls == [((2, 1), (1, 2), {"X": 3})] * 2 and len(direct_launch._compiled) == cached
+
+
+def test_direct_launch_cache_starts_over_when_full(monkeypatch):
+    """The cache of compiled kernels is bounded (a sampling loop launches at every length): at
+    ``MAX_ENTRIES`` keys it starts over instead of growing."""
+    from cemlib.kernels import direct_launch
+
+    class Kernel:
+        pre_run_hooks = []
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: "compiled"
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+    monkeypatch.setattr(direct_launch, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(direct_launch, "_compiled", {})
+    monkeypatch.setattr(direct_launch, "_enabled", [True])
+    monkeypatch.setattr(direct_launch, "SUPPORTED", True)
+    import triton.runtime
+    monkeypatch.setattr(triton.runtime.driver, "_active", Driver(), raising=False)
+    for L in range(5):
+        direct_launch.launch(Kernel(), (1,), (L,), {})
+    assert len(direct_launch._compiled) == 2   # 3 keys, cleared at the 4th, then 2

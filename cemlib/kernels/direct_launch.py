@@ -61,6 +61,9 @@ def _launch_convention_matches() -> bool:
 #: whether the installed Triton launches the way :func:`launch` copies
 SUPPORTED = _launch_convention_matches()
 _enabled = [os.environ.get("CEMLIB_DIRECT_LAUNCH", "1") != "0"]
+#: keys remembered before the cache starts over (each holds ~50 small objects; the compiled
+#: kernels themselves stay in Triton's own cache, so starting over only costs one slow launch)
+MAX_ENTRIES = 4096
 _compiled: dict = {}    # key -> CompiledKernel
 _signatures: dict = {}  # JITFunction -> (parameter names, defaults)
 
@@ -112,6 +115,8 @@ def launch(kernel, grid: tuple, args: tuple, kw: dict, cuda: bool = True):
     compiled = _compiled.get(key)
     if compiled is None:  # Triton's path: compiles if needed, returns the compiled kernel
         compiled = kernel[grid](*args, **kw)
+        if len(_compiled) >= MAX_ENTRIES:  # e.g. generation, one length after another
+            _compiled.clear()
         _compiled[key] = compiled
         return compiled
     return run(compiled, kernel, grid, args, kw, device)

@@ -972,6 +972,8 @@ def _launch(name, kernel, grid, args, meta, block_d, device, table=None):
     if entry is None:
         tuner = _tuner(name, kernel, table, block_d)
         tuner[grid](*args, **meta)
+        if len(_tuned) >= direct_launch.MAX_ENTRIES:  # e.g. generation, one length after another
+            _tuned.clear()  # (the autotuner keeps its own choices: starting over re-tunes nothing)
         _tuned[key] = [dict(tuner.best_config.all_kwargs()), None]
         return
     best, compiled = entry
