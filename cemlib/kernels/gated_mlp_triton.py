@@ -23,9 +23,9 @@ retained graph can be differentiated again and ``torch.compile`` sees no mutatio
 autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager holds two at a time.
 Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
 :func:`tied_gated_mlp_step` is the entry point: in eager mode one ``torch.autograd.Function``
-(its host cost is a fraction of a custom operator's), while compiling (``torch.compile``) the same
-forward and backward as opaque ``torch.library`` custom ops; the element-wise launches skip
-Triton's per-call specialization on CUDA (:mod:`cemlib.kernels.direct_launch`).
+(which costs the host less than a pair of custom operators), while compiling (``torch.compile``)
+the same forward and backward as opaque ``torch.library`` custom ops; the element-wise launches
+skip Triton's per-call specialization on CUDA (:mod:`cemlib.kernels.direct_launch`).
 
 **v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward
 kernel computes the gate product ``a = gamma * SiLU(u V^T)`` in the epilogue of the ``u V^T``
