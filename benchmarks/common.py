@@ -126,6 +126,19 @@ def cpu_peak_bytes(fn) -> dict:
     return {"peak": peak, "net": live}
 
 
+def cuda_kernel_times(events) -> tuple[dict, int]:
+    """``({kernel name: total microseconds}, kernels)`` of the GPU kernels among a
+    ``torch.profiler`` run's ``events``."""
+    from torch.autograd import DeviceType
+
+    per_kernel, n = {}, 0
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+            n += 1
+    return per_kernel, n
+
+
 def measured_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict:
     """The machine's measured dense GEMM throughput (8192^3 on CUDA; tiny fp32 on CPU)."""
     n = 8192 if device.type == "cuda" else 256

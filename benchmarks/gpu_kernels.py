@@ -55,7 +55,6 @@ Usage: ``python benchmarks/gpu_kernels.py [--stage attention mlp] [--force]`` or
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -215,6 +214,7 @@ def direct_launch_check(device, dtype, shape) -> dict:
     and through Triton's own launch path: the same compiled kernels given the same arguments, so
     outputs and gradients must be equal bit for bit (the default backward has no atomics)."""
     from cemlib.kernels import direct_launch
+    from cemlib.kernels import tied_attention_v2 as module
     fn, _ = bench_attention.implementation("v2")
     B, K, L, D = shape
     g = torch.Generator(device=device).manual_seed(3)
@@ -226,7 +226,6 @@ def direct_launch_check(device, dtype, shape) -> dict:
         return _outputs_and_grads(lambda q, kv, sb, cb: fn(q, kv, scale=D ** -0.5, alibi=alibi,
                                                           self_bias=sb, cross_bias=cb),
                                   [q, kv, sb, cb], {})
-    module = importlib.import_module(bench_attention.IMPLEMENTATIONS["v2"][0])
     previous, tuning = direct_launch._enabled[0], module.AUTOTUNE
     module.AUTOTUNE = False             # each kernel's default configuration: no tuning here
     try:
@@ -437,10 +436,7 @@ def profile(s, device, deadline):
                 except Exception as err:  # recorded, not fatal: the other columns stand
                     graph_error = f"{type(err).__name__}: {err}"[:300]
             events = prof.events()
-            kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-            per_kernel = {}
-            for e in kernels:
-                per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
+            per_kernel, kernels = common.cuda_kernel_times(events)
             kernel_ms = sum(per_kernel.values()) / 1e3 / iters
             launches = sum(1 for e in events if "LaunchKernel" in e.name)
             rows.append(dict(
@@ -448,7 +444,7 @@ def profile(s, device, deadline):
                 wall_ms=wall_ms, kernel_ms=kernel_ms if kernels else None,
                 kernel_over_wall=kernel_ms / wall_ms if kernels else None,
                 graphed_ms=graphed_ms, **({"graph_error": graph_error} if graph_error else {}),
-                kernels_per_call=len(kernels) / iters, launch_calls_per_call=launches / iters,
+                kernels_per_call=kernels / iters, launch_calls_per_call=launches / iters,
                 cpu_ops_per_call=sum(1 for e in events if e.device_type == DeviceType.CPU
                                      and e.name.startswith("aten::")) / iters,
                 longest_kernels=[dict(name=k[:120], us_per_call=v / iters) for k, v in sorted(

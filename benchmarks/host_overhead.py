@@ -65,7 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cemlib.kernels import direct_launch, reference  # noqa: E402
 from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
-from cemlib.train.results import git_commit  # noqa: E402
+from cemlib.train.results import environment_info, git_commit  # noqa: E402
 from compile_kernels import _TargetDriver  # noqa: E402
 from outputs import RESULTS, announce, write_json  # noqa: E402
 
@@ -116,18 +116,6 @@ class _NoCache(dict):
 
     def __setitem__(self, key, value):
         pass
-
-
-def cpu_model() -> str:
-    """The processor's name (``/proc/cpuinfo`` where there is one)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def median_us(fn, n, reset=()):
@@ -300,7 +288,7 @@ def main(argv=None):
     announce(default, args.out, args.replace)
     torch.set_num_threads(1)
     env = dict(python=platform.python_version(), torch=torch.__version__,
-               triton=triton.__version__, cpu=cpu_model(),
+               triton=triton.__version__, cpu=environment_info(torch.device("cpu"))[0]["name"],
                torch_threads=1, git_commit=git_commit(),
                date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     gpu_paths()

@@ -77,19 +77,16 @@ def profile_steps(step, device: torch.device, steps: int = 2) -> dict | None:
     their GPU kernels, and the kernels launched per step."""
     if device.type != "cuda":
         return None
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+
+    from common import cuda_kernel_times
 
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize(device)
-    per_kernel, n = {}, 0
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us()
-            n += 1
+    per_kernel, n = cuda_kernel_times(prof.events())
     return {**kernel_families(per_kernel, steps), "kernels_per_step": n / steps}
 
 
@@ -111,6 +108,7 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
     def step():
         with ctx():
             logits = step_model(x)
