@@ -41,9 +41,13 @@ from cemlib.utils import default_device
 TARGETS = {1: 0.9, 2: 0.55}
 
 
-def _graph_breaks() -> int:
+def _graph_breaks() -> tuple[int, list]:
+    """``(breaks, reasons)``: the ``torch.compile`` graph breaks counted since the counters were
+    cleared, and the five most frequent reasons with their counts (dynamo's own words)."""
     from torch._dynamo.utils import counters
-    return sum(counters["graph_break"].values())
+    reasons = counters["graph_break"].most_common(5)
+    return (sum(counters["graph_break"].values()),
+            [{"reason": str(r)[:300], "count": n} for r, n in reasons])
 
 
 #: kernel families of a training step's GPU time, by kernel name (first match)
@@ -125,6 +129,7 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+    breaks = _graph_breaks() if compile_ else None
     kernels = profile_steps(step, device) if profile else None
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     med = statistics.median(times)
@@ -134,7 +139,8 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
             "params": model.num_parameters(),
             "median_s": med, "p10_s": q[0], "p90_s": q[-1], "tokens_per_s": batch * cfg.context_length / med,
             "forward_flops_per_token": flops_per_token(cfg),
-            "graph_breaks": _graph_breaks() if compile_ else None,
+            "graph_breaks": breaks[0] if compile_ else None,
+            "graph_break_reasons": breaks[1] if compile_ else None,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "gpu_kernels": kernels}
 

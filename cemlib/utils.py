@@ -44,10 +44,17 @@ def default_device(override: str | torch.device | None = None) -> torch.device:
 
 
 def check_tensor(x: torch.Tensor, name: str, ndim: int | None = None, last_dim: int | None = None,
-                 finite: bool = True) -> torch.Tensor:
-    """Raise a clear error if ``x`` has the wrong rank or width, or holds NaN/Inf."""
+                 finite: bool | str = True) -> torch.Tensor:
+    """Raise a clear error if ``x`` has the wrong rank or width, or holds NaN/Inf. ``finite``:
+    whether to look for NaN/Inf; ``"where_free"`` looks only where that costs no host
+    synchronisation and no graph break (:func:`finite_check_is_free`: code that runs inside a
+    layer at every call, on any device, compiled or not)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if finite == "where_free":
+        finite = finite_check_is_free(x)
+    elif not isinstance(finite, bool):
+        raise ValueError(f"finite must be True, False or 'where_free', got {finite!r}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if last_dim is not None and x.shape[-1] != last_dim:

@@ -210,3 +210,27 @@ def test_train_step_sorts_kernels_into_families():
     assert list(k["ms_per_step"]) == sorted(k["ms_per_step"], key=lambda f: -k["ms_per_step"][f])
     assert k["total_ms_per_step"] == sum(per_kernel_us.values()) / 2e3
     assert k["longest"][0] == {"name": "nvjet_tst_128x256_h_bz", "ms_per_step": 3.0}
+
+
+def test_train_step_records_graph_break_reasons():
+    """The train stage records how many graph breaks a compiled model had and why (the H100 run
+    recorded 10 for CEM and no reason; they came from the dispatcher's ``find_spec``)."""
+    import torch
+    from torch._dynamo.utils import counters
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+
+    def breaks_once(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(breaks_once, backend="eager")(torch.zeros(3))
+    n, reasons = train_step._graph_breaks()
+    assert n == 1 and len(reasons) == 1 and reasons[0]["count"] == 1
+    assert "graph_break" in reasons[0]["reason"]

@@ -1,5 +1,6 @@
 """The kernel contract (reference functions) and the dispatch switch; no Triton needed."""
 
+import importlib.util
 import math
 
 import pytest
@@ -150,6 +151,18 @@ def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.setattr(dispatch, "triton_available", lambda: False)
     with pytest.raises(RuntimeError, match="triton is not installed"):
         dispatch.tied_gated_mlp_step(torch.randn(2, 3), torch.randn(4, 3), torch.randn(2, 4))
+
+
+def test_triton_is_looked_up_once_not_at_every_call(monkeypatch):
+    """The layers ask :func:`dispatch.triton_available` at every attention and MLP call, also
+    while ``torch.compile`` traces them; ``importlib.util.find_spec`` is a function dynamo refuses
+    to trace (torch 2.11 broke a compiled CEM model's graph there at every call: 10 breaks in
+    the H100 train-step run). The answer is looked up once, at import. Failing input: a
+    ``triton_available`` that calls ``find_spec`` (the call is recorded here)."""
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda *a, **k: calls.append(a))
+    answers = {dispatch.triton_available() for _ in range(3)}
+    assert calls == [] and len(answers) == 1
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -317,6 +317,43 @@ def test_v2_traces_under_torch_compile():
         assert rel_err(a, b) < 1e-6
 
 
+def test_compiled_cem_model_on_the_kernel_path_has_no_graph_break():
+    """A whole CEM language model (default layers: shared diagonal, ALiBi, self/cross biases;
+    T = 1; float16 autocast, as the GPU trainer's bf16) compiled with ``fullgraph=True`` while its layers dispatch to the kernels (v2
+    attention, the v2 MLP step): the dispatcher's decision traces without a break (one graph
+    and no break counted), and the compiled step gives the eager step's loss and gradients.
+    Failing inputs: the dispatcher asking ``importlib`` whether Triton is installed at every
+    call (torch 2.11 breaks the graph there: the 10 breaks of the H100 train-step run); its
+    interpreter diagnostic reading ``sys.modules`` while traced (torch 2.13's dynamo then fails
+    its own guard: "Guard failed on the same frame it was created")."""
+    from torch._dynamo.utils import counters
+
+    from cemlib.models.lm import LanguageModel, LMConfig
+    torch.manual_seed(0)
+    cfg = LMConfig(vocab_size=17, context_length=8, d_model=32, n_layers=1, n_heads=2,
+                   attn="cem", mlp="cem")
+    model = LanguageModel(cfg).to(DEVICE)
+    idx = torch.randint(0, 17, (1, 8), device=DEVICE)
+    results, launched = [], []
+    with dispatch.use_backend("triton"):
+        for compiled in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
+            fn = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+            model.zero_grad(set_to_none=True)
+            with count_launches(operators=False) as n, torch.autocast(DEVICE, dtype=torch.float16):
+                loss = fn(idx).float().square().mean()  # (the interpreter takes no bf16)
+                loss.backward()
+            results.append([loss] + [p.grad for p in model.parameters()])
+            launched.append(dict(n.triton))
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 1
+    assert launched[0] == launched[1] and {"_fwd_kernel", "_bwd_kernel", "_silu_gate_kernel",
+                                            "_silu_gate_bwd_kernel"} <= set(launched[0])
+    for a, b in zip(*results):
+        assert rel_err(a, b) < 1e-3
+
+
 # ------------------------------------------------------------------------------ launch counts
 
 def test_autotuned_launches_consult_the_tuner_once_per_signature(monkeypatch):

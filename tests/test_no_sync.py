@@ -82,6 +82,64 @@ def test_compiled_training_step_has_no_graph_break(arch):
     assert all(p.grad is not None for p in model.parameters())
 
 
+def _token_model(arch):
+    from cemlib.models.nrgpt import (AUTHORS_BASELINE, AUTHORS_NRGPT, GPTModel, NRGPTModel,
+                                     RecurrentGPTModel)
+    torch.manual_seed(0)
+    if arch == "hyperset":
+        from cemlib.models.hyperset import HyperSETModel
+        return HyperSETModel(d=16, n_heads=2, n_iter=2, n_classes=5, n_positions=12,
+                             vocab_size=17)
+    if arch == "nrgpt":
+        return NRGPTModel(17, 12, 16, n_heads=2, n_steps=2, mask="inclusive", **AUTHORS_NRGPT)
+    if arch == "rgpt":
+        return RecurrentGPTModel(17, 12, 16, n_heads=2, n_steps=2, **AUTHORS_BASELINE)
+    return GPTModel(17, 12, 16, n_heads=2, n_layers=2, **AUTHORS_BASELINE)
+
+
+@pytest.mark.parametrize("arch", ["nrgpt", "rgpt", "gpt", "hyperset"])
+def test_compiled_token_models_have_no_graph_break(arch):
+    """The NRGPT family (NRGPT with the authors' options, its recurrent and plain GPT baselines),
+    which the GPU presets compile, and Hyper-SET: no value is read while dynamo traces. Failing
+    input: the token-id range checks and the layers' and energies' finite checks as they were
+    (``bool`` of a tensor at every call: 5 breaks in the GPT, 11 to 14 in NRGPT, 9 in a
+    Hyper-SET model; on a GPU in eager mode each also a host synchronisation)."""
+    from torch._dynamo.utils import counters
+    model = _token_model(arch)
+    idx = torch.randint(0, 17, (2, 12))
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(model, backend="eager", fullgraph=True)(idx).square().mean().backward()
+    assert sum(counters["graph_break"].values()) == 0
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", ["nrgpt", "gpt"])
+def test_token_models_do_not_read_values_off_the_cpu(arch):
+    """The body (every layer and energy, applied at each step) on the meta device, where a host
+    read of a value raises (the token-id range check before it reads values, once per call in
+    eager mode, as the CEM and Llama models do); on the CPU in eager mode the clear errors stay
+    (NaN/Inf in an energy's input)."""
+    model = _token_model(arch).to("meta")
+    x = torch.empty(2, 12, 16, device="meta", requires_grad=True)
+    model._body(x).sum().backward()
+    assert x.grad.shape == x.shape
+    from cemlib.energies import nrgpt as energies
+    g = torch.full((1, 3, 4), float("nan"))
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        energies.attention_energy(g, torch.randn(1, 4, 4), torch.ones(1), 1.0)
+
+
+def test_where_free_finite_check_is_checked():
+    from cemlib.utils import check_tensor
+    nan = torch.full((2,), float("nan"))
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        check_tensor(nan, "x", finite="where_free")  # CPU, eager: free, so checked
+    check_tensor(torch.empty(2, device="meta"), "x", finite="where_free")  # not free: skipped
+    with pytest.raises(ValueError, match="finite must be"):
+        check_tensor(nan, "x", finite="yes")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
 @pytest.mark.parametrize("index", [0, 1], ids=["attention", "mlp"])
 def test_layers_do_not_synchronise_cuda(index):

@@ -44,8 +44,9 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- shapes and checks
 def check_tokens(X: torch.Tensor, d: int, name: str = "X") -> torch.Tensor:
-    """``X`` must be ``(..., N, d)``, at least two tokens' worth of dims, finite."""
-    check_tensor(X, name, last_dim=d)
+    """``X`` must be ``(..., N, d)``, at least two tokens' worth of dims, finite (checked where
+    that is free: :func:`cemlib.utils.finite_check_is_free`)."""
+    check_tensor(X, name, last_dim=d, finite="where_free")
     if X.dim() < 2:
         raise ValueError(f"{name} must be (..., N, {d}), got shape {tuple(X.shape)}")
     return X

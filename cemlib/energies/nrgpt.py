@@ -61,20 +61,20 @@ _SQRT2 = math.sqrt(2.0)
 # ----------------------------------------------------------------------------- attention, eq. (11)
 
 def _check_attention(g, J, alpha, mask, context=None):
-    check_tensor(g, "g")
+    check_tensor(g, "g", finite="where_free")
     if g.dim() < 2:
         raise ValueError(f"g must have shape (..., N, D), got {tuple(g.shape)}")
     D = g.shape[-1]
-    check_tensor(J, "J", ndim=3, last_dim=D)
+    check_tensor(J, "J", ndim=3, last_dim=D, finite="where_free")
     if J.shape[1] != D:
         raise ValueError(f"J must have shape (H, {D}, {D}), got {tuple(J.shape)}")
-    check_tensor(alpha, "alpha", ndim=1)
+    check_tensor(alpha, "alpha", ndim=1, finite="where_free")
     if alpha.shape[0] != J.shape[0]:
         raise ValueError(f"alpha has {alpha.shape[0]} heads but J has {J.shape[0]}")
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     if context is not None:
-        check_tensor(context, "context")
+        check_tensor(context, "context", finite="where_free")
         if context.shape != g.shape:
             raise ValueError(f"context shape {tuple(context.shape)} != g shape {tuple(g.shape)}")
 
@@ -194,8 +194,8 @@ def activation_primitive(u, name="relu"):
 # ----------------------------------------------------------------------------- feed-forward
 
 def _check_ff(g, W, name, rows_dim=False):
-    check_tensor(g, "g")
-    check_tensor(W, name, ndim=2)
+    check_tensor(g, "g", finite="where_free")
+    check_tensor(W, name, ndim=2, finite="where_free")
     D = g.shape[-1]
     if (W.shape[0] if rows_dim else W.shape[1]) != D:
         want = f"({D}, M)" if rows_dim else f"(M, {D})"
@@ -263,7 +263,7 @@ def ff2w_grad(g, W1, W2, act="gelu", b1=None, b2=None):
 
 def _check_ff2(g, W1, W2):
     _check_ff(g, W1, "W1")
-    check_tensor(W2, "W2", ndim=2)
+    check_tensor(W2, "W2", ndim=2, finite="where_free")
     if W2.shape[1] != W1.shape[0]:
         raise ValueError(f"W2 must have shape (M, {W1.shape[0]}) to follow W1 {tuple(W1.shape)}, "
                          f"got {tuple(W2.shape)}")

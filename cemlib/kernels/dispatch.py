@@ -101,9 +101,16 @@ def use_backend(name: str):
         _backend = previous
 
 
+#: whether ``triton`` is installed, looked up once, when this module is imported: the layers ask
+#: at every call, and ``importlib.util.find_spec`` is a function ``torch.compile`` refuses to
+#: trace (torch 2.11 broke a compiled CEM model's graph there at every attention and MLP call)
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    """Whether the ``triton`` package is installed (it is not imported here)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether the ``triton`` package is installed (it is not imported here; looked up once, at
+    the import of this module)."""
+    return _TRITON_INSTALLED
 
 
 def _use_triton(x: torch.Tensor, supported: bool) -> bool:
@@ -117,7 +124,7 @@ def _use_triton(x: torch.Tensor, supported: bool) -> bool:
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"kernel backend {backend!r} was forced for tensors on {x.device}; "
                            "on CPU set TRITON_INTERPRET=1 before triton is first imported")
-    if not x.is_cuda:
+    if not x.is_cuda and not torch.compiler.is_compiling():  # (a diagnostic, not traced)
         late = [name for name in ("cemlib.kernels.tied_attention_triton", "cemlib.kernels.gated_mlp_triton")
                 if name in sys.modules and not getattr(sys.modules[name], "INTERPRET", True)]
         if late:

@@ -82,9 +82,11 @@ def _kernel_classes():
 
 
 @contextlib.contextmanager
-def count_launches():
+def count_launches(operators: bool = True):
     """``with count_launches() as n: ...`` records the launches of the block into ``n``
-    (a :class:`Launches`). Triton is imported only if it is installed."""
+    (a :class:`Launches`). Triton is imported only if it is installed. ``operators=False``
+    records Triton launches only (``n.torch`` stays empty): then the block may run code compiled
+    by ``torch.compile``, which refuses to trace under the operator-recording dispatch mode."""
     result = Launches()
     mode = _CountOperators(result.torch)
     patched = []
@@ -108,7 +110,7 @@ def count_launches():
         cls.run = counting
         patched.append((cls, run))
     try:
-        with mode:
+        with mode if operators else contextlib.nullcontext():
             yield result
     finally:
         for cls, run in patched:

@@ -51,7 +51,7 @@ def _apply_step(x, direction, step):
         if not math.isfinite(step):
             raise ValueError(f"step size must be finite, got {step!r}")
         return x + step * direction
-    check_tensor(step, "step size")
+    check_tensor(step, "step size", finite="where_free")
     try:
         torch.broadcast_shapes(step.shape, x.shape)
     except RuntimeError:

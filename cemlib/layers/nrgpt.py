@@ -233,7 +233,7 @@ class NRGPTBlock(EnergyLayer):
 
     # ------------------------------------------------------------------ energies (g space)
     def _check(self, t: torch.Tensor, name: str) -> torch.Tensor:
-        check_tensor(t, name, last_dim=self.d_model)
+        check_tensor(t, name, last_dim=self.d_model, finite="where_free")
         if t.dim() < 2:
             raise ValueError(f"{name} must have shape (..., N, {self.d_model}), got {tuple(t.shape)}")
         if t.shape[-2] == 0:

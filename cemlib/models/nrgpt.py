@@ -75,7 +75,10 @@ class _CausalTokenModel(GenerationMixin, nn.Module):
         L = idx.shape[1]
         if not 1 <= L <= self.block_size:
             raise ValueError(f"sequence length {L} must be in 1..block_size={self.block_size}")
-        if idx.numel() and (idx.min() < 0 or idx.max() >= self.vocab_size):
+        # the range check reads values: skipped while torch.compile traces the model, where it
+        # would break the graph at every call (and synchronise the GPU)
+        if idx.numel() and not torch.compiler.is_compiling() \
+                and (idx.min() < 0 or idx.max() >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
                              f"[{int(idx.min())}, {int(idx.max())}]")
         pos = torch.arange(L, device=idx.device)
