@@ -98,8 +98,8 @@ def gpu_paths():
     configurations, the autotuner, direct launches), the autotuner's timing runs replaced by
     equal times (it keeps its first, default, configuration)."""
     launch, cuda = v2._launch, torch.device("cuda")
-    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, table=None: launch(
-        name, kernel, grid, args, meta, block_d, cuda, table)
+    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
+        launch(name, kernel, grid, args, meta, block_d, cuda, length, table)
     v2.INTERPRET = False
     direct = direct_launch.launch  # the MLP's element-wise launches: as on CUDA tensors
     direct_launch.launch = lambda kernel, grid, args, kw, cuda=True: direct(kernel, grid, args,
@@ -204,6 +204,7 @@ PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner"),
 def measure(name, path, n):
     """One row: ``name`` through ``path`` (:data:`PATHS`)."""
     v2._tuned = _NoCache() if path == "through_autotuner" else {}
+    v2._choices = _NoCache() if path == "through_autotuner" else {}
     direct_launch._enabled[0] = path == "cemlib"
     direct_launch.clear()
     call, leaves = call_of(name, path=path)
@@ -240,7 +241,7 @@ def measure(name, path, n):
 
 def launch_layers(recorded, n):
     """One backward launch taken apart (the recorded arguments of the ``bwd`` kernel)."""
-    (name, kernel, grid, args, meta, block_d, device, *rest), _ = next(
+    (name, kernel, grid, args, meta, block_d, device, length, *rest), _ = next(
         r for r in recorded if r[0][0] == "bwd")
     table = rest[0] if rest else name
     tuner = v2._tuner(name, kernel, table, block_d)
@@ -256,9 +257,10 @@ def launch_layers(recorded, n):
 
     def cached_choice(direct):
         direct_launch._enabled[0] = direct
-        v2._launch(name, kernel, grid, args, meta, block_d, device, table)  # fills the caches
+        v2._launch(name, kernel, grid, args, meta, block_d, device, length, table)  # the caches
         return round(median_us(
-            lambda: v2._launch(name, kernel, grid, args, meta, block_d, device, table), n), 1)
+            lambda: v2._launch(name, kernel, grid, args, meta, block_d, device, length, table),
+            n), 1)
     try:
         row = dict(autotuner_and_jit=round(median_us(lambda: tuner[grid](*args, **meta), n), 1),
                    cached_choice_and_jit=cached_choice(False),

@@ -101,8 +101,8 @@ def recorded(run, direct, repeats):
 
 def main():
     launch, cuda = v2._launch, torch.device("cuda")
-    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, table=None: launch(
-        name, kernel, grid, args, meta, block_d, cuda, table)
+    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
+        launch(name, kernel, grid, args, meta, block_d, cuda, length, table)
     v2.INTERPRET = False
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
     driver.set_active(RecordingDriver())
@@ -115,7 +115,8 @@ def main():
         v2.AUTOTUNE = autotune
         through_triton = {name: recorded(run, False, 2) for name, run in runs.items()}
         v2._tuned.clear()  # the direct path from empty caches, the scenarios in order: a call
-        direct_launch.clear()  # then finds what the calls before it left (aligned kernels, say)
+        v2._choices.clear()  # then finds what the calls before it left (aligned kernels, say)
+        direct_launch.clear()
         for name, run in runs.items():
             direct = recorded(run, True, 3)  # a miss fills the caches, later calls hit them
             out["scenarios"][name + suffix] = dict(

@@ -319,13 +319,14 @@ def test_v2_traces_under_torch_compile():
 
 def test_compiled_cem_model_on_the_kernel_path_has_no_graph_break():
     """A whole CEM language model (default layers: shared diagonal, ALiBi, self/cross biases;
-    T = 1; float16 autocast, as the GPU trainer's bf16) compiled with ``fullgraph=True`` while its layers dispatch to the kernels (v2
-    attention, the v2 MLP step): the dispatcher's decision traces without a break (one graph
-    and no break counted), and the compiled step gives the eager step's loss and gradients.
-    Failing inputs: the dispatcher asking ``importlib`` whether Triton is installed at every
-    call (torch 2.11 breaks the graph there: the 10 breaks of the H100 train-step run); its
-    interpreter diagnostic reading ``sys.modules`` while traced (torch 2.13's dynamo then fails
-    its own guard: "Guard failed on the same frame it was created")."""
+    T = 1; float16 autocast, as the GPU trainer's bf16) compiled with ``fullgraph=True`` while
+    its layers dispatch to the kernels (v2 attention, the v2 MLP step): the dispatcher's
+    decision traces without a break (one graph, no break counted), and the compiled step
+    launches the same kernels as the eager step and gives its loss and gradients. Failing input
+    (with torch 2.11, the H100's version, not the one installed here): a dispatcher that asks
+    ``importlib.util.find_spec`` at every call whether Triton is installed broke the graph there
+    (the 10 breaks of the H100 train-step run); with torch 2.13 that call traces, and
+    ``test_kernels_dispatch.py`` checks that it is no longer made at call time."""
     from torch._dynamo.utils import counters
 
     from cemlib.models.lm import LanguageModel, LMConfig
@@ -387,11 +388,12 @@ def test_autotuned_launches_consult_the_tuner_once_per_signature(monkeypatch):
     monkeypatch.setattr(v2, "_select", lambda name, device, block_d, table: None)
     monkeypatch.setattr(v2, "_tuner", lambda name, kernel, table, block_d, t=Tuner(): t)
     monkeypatch.setattr(v2, "_tuned", {})
+    monkeypatch.setattr(v2, "_choices", {})
     x = torch.zeros(4)
 
     def launch(L=100, dtype=torch.float32, flag=True):
         v2._launch("fwd", Kernel(), lambda cfg: (-(-L // cfg["BLOCK_M"]), 3), (x.to(dtype), L),
-                   dict(D=64, HAS_ALIBI=flag), 64, torch.device("cpu"))
+                   dict(D=64, HAS_ALIBI=flag), 64, torch.device("cpu"), L)
 
     for _ in range(3):
         launch()
@@ -402,6 +404,52 @@ def test_autotuned_launches_consult_the_tuner_once_per_signature(monkeypatch):
     assert len(consulted) == 4
     launch(L=200)
     assert len(consulted) == 4 and launches[-1][0] == (4, 3)
+    # another length in a tuned power-of-two bucket (100 and 128: 128; 200 and 256: 256) takes
+    # that bucket's choice without timing the configurations again (generation, one length
+    # after another); its launch gets its own grid
+    launch(L=128), launch(L=97), launch(L=256)
+    assert len(consulted) == 4 and [g for g, _, _ in launches[-3:]] == [(2, 3), (2, 3), (4, 3)]
+    launch(L=300)
+    assert len(consulted) == 5
+
+
+def test_length_buckets():
+    assert [v2._length_bucket(L) for L in (1, 16, 17, 100, 128, 129, 4096)] == \
+        [16, 16, 32, 128, 128, 256, 4096]
+
+
+def test_autotuning_off_launches_the_first_configuration_the_gpu_can_run(monkeypatch):
+    """``CEMLIB_AUTOTUNE=0`` on a GPU: the first entry of the space, ordered for the H100's
+    227 KiB of shared memory per block, may not load on a T4 (64 KiB: the forward's default
+    128 x 128 tiles need 96 KiB there, compiled for sm_75) or a consumer GPU; the launch moves
+    on to the next entry that loads and remembers it. With a stand-in launcher that refuses
+    every configuration whose query tile is 128 rows. Failing input: launching only the first
+    entry (the behaviour before) raises ``OutOfResources``."""
+    tried = []
+
+    def launch(kernel, grid, args, kw, cuda=True):
+        tried.append(kw["BLOCK_M"])
+        if kw["BLOCK_M"] == 128:
+            raise triton.runtime.errors.OutOfResources(96 * 1024, 64 * 1024, "shared memory")
+
+    monkeypatch.setattr(v2.direct_launch, "launch", launch)
+    monkeypatch.setattr(v2, "AUTOTUNE", False)
+    monkeypatch.setattr(v2, "INTERPRET", False)
+    monkeypatch.setattr(v2, "_fitting", {})
+    configs = v2._gpu_configs("fwd", 64)
+    assert configs[0]["BLOCK_M"] == 128  # the H100's default
+    first_small = next(i for i, c in enumerate(configs) if c["BLOCK_M"] != 128)
+    cuda = torch.device("cuda")
+    for _ in range(2):
+        v2._launch("fwd", None, lambda cfg: (1,), (), dict(D=64), 64, cuda, 100)
+    # the first call tries the entries in order; the second goes straight to the one that ran
+    runs = configs[first_small]["BLOCK_M"]
+    assert tried == [c["BLOCK_M"] for c in configs[:first_small + 1]] + [runs]
+    assert v2._fitting == {("fwd", 64, cuda): first_small}
+    monkeypatch.setattr(v2, "_fitting", {})
+    monkeypatch.setattr(v2, "_gpu_configs", lambda table, block_d: [configs[0]])
+    with pytest.raises(triton.runtime.errors.OutOfResources):  # nothing fits: the error shows
+        v2._launch("fwd", None, lambda cfg: (1,), (), dict(D=64), 64, cuda, 100)
 
 
 def test_count_launches_counts_kernels_not_views():

@@ -64,8 +64,11 @@ and for any dtype with the ``"triton"`` backend). In eager mode the call is one 
 ``torch.autograd.Function``; while compiling (``torch.compile``), the same forward and backward run
 as two opaque ``torch.library`` custom ops (no graph break, no tracing into Triton). First order
 only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
-``CEMLIB_AUTOTUNE=0`` (read at import) launches the first configuration of each kernel's space
-instead of autotuning; :func:`use_configs` forces configurations.
+The autotuner times every configuration at the first call of each power-of-two bucket of the
+sequence length (not at every new length). ``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead
+of autotuning, the first configuration of each kernel's space that the GPU can run (the H100's
+default on an H100; on a GPU with less shared memory per block the first that loads there);
+:func:`use_configs` forces configurations.
 """
 
 from __future__ import annotations
@@ -940,42 +943,88 @@ _TUNE_KEYS = ("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_D
 
 
 def _select(name: str, device: torch.device, block_d: int, table: str):
-    """The configuration to launch with, or ``None`` for the autotuner; ``name`` the kernel's
-    name for :func:`use_configs` and the interpreter, ``table`` its entry of :data:`GPU_CONFIGS`."""
+    """The configuration to launch with, ``"first_fitting"`` (autotuning off on a GPU: the first
+    entry of :data:`GPU_CONFIGS` [``table``] that the device can run, :func:`_first_fitting`), or
+    ``None`` for the autotuner; ``name`` the kernel's name for :func:`use_configs` and the
+    interpreter, ``table`` its entry of :data:`GPU_CONFIGS`."""
     if name in _override:
         return dict(_override[name])
     if INTERPRET or device.type != "cuda":
         return dict(INTERPRETER_CONFIGS[name])
     if not AUTOTUNE:
-        return dict(_gpu_configs(table, block_d)[0])
+        return "first_fitting"
     return None
 
 
-def _launch(name, kernel, grid, args, meta, block_d, device, table=None):
+def _length_bucket(L: int) -> int:
+    """The power of two at or above ``L`` (at least 16): lengths in one bucket share one
+    autotuned configuration."""
+    return max(16, 1 << (max(int(L), 1) - 1).bit_length())
+
+
+# (space, padded head width, device) -> index of the first configuration the device can run
+_fitting: dict = {}
+
+
+def _first_fitting(kernel, grid, args, meta, table, block_d, device):
+    """Launch with the first configuration of :data:`GPU_CONFIGS` [``table``] that ``device``
+    can run (remembered per space, width and device): the table is ordered for the H100, whose
+    227 KiB of shared memory per block the first entries may need; a T4 (64 KiB) or a consumer
+    GPU (99 KiB) refuses them at load time (``OutOfResources``), and the next entry is tried."""
+    configs = _gpu_configs(table, block_d)
+    key = (table, block_d, device)
+    start = _fitting.get(key, 0)
+    for i in range(start, len(configs)):
+        cfg = dict(configs[i])
+        try:
+            direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, True)
+        except triton.runtime.errors.OutOfResources:
+            if i == len(configs) - 1:
+                raise
+            continue
+        _fitting[key] = i
+        return
+
+
+def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None):
     """Launch ``kernel`` (grid: a function of the meta-parameters) with the selected
     configuration, or through a cached ``triton.autotune`` over :data:`GPU_CONFIGS` [``table``]
-    (default ``name``; the atomic-dq backward has its own space, ``"bwd_atomic"``).
+    (default ``name``; the atomic-dq backward has its own space, ``"bwd_atomic"``); ``length``
+    the sequence length of the call.
 
     Autotuned launches consult the autotuner once per call signature (:func:`_tuned_key`) and
     then launch the kernel with the configuration it chose: Triton's ``Autotuner.run`` rebuilds
     its key from every argument at every call (about as long as the launch itself on the host,
-    ``benchmarks/host_overhead.py``), which at T <= 1024 is time the GPU waits for. On CUDA the
-    launch itself skips Triton's per-call specialization (:mod:`cemlib.kernels.direct_launch`)."""
+    ``benchmarks/host_overhead.py``), which at T <= 1024 is time the GPU waits for. The choice
+    is kept per power-of-two bucket of the length (:func:`_length_bucket`): the autotuner keys
+    on the exact length and would time every configuration again for each new one (generation
+    and evaluation at varying lengths: tens of configurations per kernel, each timed for about
+    0.1 s). On CUDA the launch itself skips Triton's per-call specialization
+    (:mod:`cemlib.kernels.direct_launch`)."""
     table = table or name
     cfg = _select(name, device, block_d, table)
     cuda = device.type == "cuda" and not INTERPRET
+    if cfg == "first_fitting":
+        _first_fitting(kernel, grid, args, meta, table, block_d, device)
+        return
     if cfg is not None:
         direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, cuda)
         return
     key = _tuned_key(table, block_d, device, args, meta)
     entry = _tuned.get(key)
     if entry is None:
-        tuner = _tuner(name, kernel, table, block_d)
-        tuner[grid](*args, **meta)
         if len(_tuned) >= direct_launch.MAX_ENTRIES:  # e.g. generation, one length after another
-            _tuned.clear()  # (the autotuner keeps its own choices: starting over re-tunes nothing)
-        _tuned[key] = [dict(tuner.best_config.all_kwargs()), None]
-        return
+            _tuned.clear()  # (the choices stay in _choices: starting over re-tunes nothing)
+        choice = (table, block_d, device, _length_bucket(length), *meta.items(),
+                  *(a.dtype for a in args if isinstance(a, Tensor)))
+        best = _choices.get(choice)
+        if best is None:
+            tuner = _tuner(name, kernel, table, block_d)
+            tuner[grid](*args, **meta)
+            _choices[choice] = best = dict(tuner.best_config.all_kwargs())
+            _tuned[key] = [best, None]
+            return
+        entry = _tuned[key] = [best, None]
     best, compiled = entry
     kw = {**meta, **best}
     if compiled is not None and cuda and direct_launch.enabled() and not kernel.pre_run_hooks:
@@ -987,6 +1036,9 @@ def _launch(name, kernel, grid, args, meta, block_d, device, table=None):
 # _tuned_key -> [the autotuner's configuration (kwargs, num_warps, num_stages), the kernel Triton
 # compiled for it (None until launched once with it)]
 _tuned: dict = {}
+# (space, padded head width, device, length bucket, meta-parameters, dtypes) -> the autotuner's
+# configuration
+_choices: dict = {}
 
 
 def _tuned_key(table, block_d, device, args, meta) -> tuple:
@@ -1090,7 +1142,7 @@ class _Call:
 
     def launch(self, name, kernel, grid, args, table=None, **meta):
         _launch(name, kernel, grid, args, {**self.flags, **meta}, self.block_d, self.device,
-                table)
+                self.L, table)
 
     def forward(self, e2):
         """``(o, lse)``; ``e2`` the extra logits (B, L, L) in log2 units, or ``None``."""
@@ -1177,7 +1229,7 @@ def _extra_grads(g, a, q_extra, k_extra, doe):
              doe.stride(0), doe.stride(1)),
             dict(HAS_A=has_a, ACC=tl.float64 if acc == torch.float64 else tl.float32,
                  PREC="ieee" if acc == q_extra.dtype else "tf32"),
-            0, q_extra.device)
+            0, q_extra.device, L)
     return dqe, dke
 
 
