@@ -44,7 +44,9 @@ Usage: ``python benchmarks/compile_kernels.py [--arch 90 80] [--quick] [--case T
 (``--quick``: bf16 only; ``--case``: only the cases whose name contains TEXT; a stored result is
 kept unless ``--replace``: by default a new file is written beside it, see ``benchmarks/outputs.py``),
 ``python benchmarks/compile_kernels.py --sweep [--widths 64 128] [--kernels ...]``, and
-``--merge FILE ...`` to combine sweeps run in parts.
+``--merge FILE ...`` to combine sweeps run in parts, and ``python benchmarks/compile_kernels.py
+--fit 75`` to compile the autotune space for a smaller GPU (sm_75: a T4) and see which entries
+load there (``results/compile_kernels_fit_sm75.json``).
 Relies on Triton internals (``JITFunction.run(warmup=True)``, ``triton.runtime.driver``),
 checked on Triton 3.9.
 """
@@ -79,7 +81,8 @@ from outputs import RESULTS, announce, write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # bytes per block
+SHARED_LIMIT = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024,
+                90: 227 * 1024}  # bytes per block (75: T4; 86/89: consumer GPUs)
 
 
 class _TargetDriver:
@@ -502,6 +505,51 @@ def prune(records) -> dict:
     return dict(table)
 
 
+def fit(arch: int, dtype=torch.float16, width: int = 64, names=tuple(V2_KERNELS),
+        log=print) -> list[dict]:
+    """Compile every entry of each v2 kernel's autotune space (:data:`GPU_CONFIGS`, chosen on
+    sm_90) for ``sm_<arch>`` in ``dtype``, in the heaviest call of :func:`sweep`: which entries a
+    smaller GPU can load (shared memory per block within :data:`SHARED_LIMIT`), and which
+    compile there without spilling. One record per (kernel, entry), with its index in the space:
+    what the autotuner there chooses among, and the first that loads is what
+    ``CEMLIB_AUTOTUNE=0`` launches there."""
+    out = []
+    label = str(dtype).replace("torch.", "")
+    for name in names:
+        variant = SWEEP_VARIANTS.get(name, SWEEP_VARIANT)
+        for index, cfg in enumerate(v2._gpu_configs(name, width)):
+            sink = []
+            t0 = time.perf_counter()
+            with compile_only(arch, sink, {LAUNCH_NAMES.get(name, name): cfg}):
+                v2_case(dtype, width, variant)
+            wall = time.perf_counter() - t0
+            for n, kw, k in [h for h in sink if h[0] == V2_KERNELS[name]]:
+                rec = _record(arch, f"v2 attention d={width} {variant} {label}", n, kw, k, wall, 2)
+                rec.update(name=name, width=width, variant=variant, config=cfg, index=index)
+                out.append(rec)
+                log(f"{name:12s} #{index:<2d} {cfg} regs {rec['registers']:3d} spill "
+                    f"{rec['spills']!s:5s} shared {rec['dynamic_shared_bytes']:6d} "
+                    f"loads {rec['fits_shared']}", flush=True)
+    return out
+
+
+def _fit_summary(records) -> dict:
+    """Per kernel: entries in the space, how many load (every record within the shared-memory
+    limit), how many load without spills, and the first that loads."""
+    out = {}
+    for name in dict.fromkeys(r["name"] for r in records):
+        by = collections.defaultdict(list)
+        for r in records:
+            if r["name"] == name:
+                by[r["index"]].append(r)
+        loads = [i for i, recs in sorted(by.items()) if all(r["fits_shared"] for r in recs)]
+        clean = [i for i in loads if not any(r["spills"] for r in by[i])]
+        out[name] = dict(entries=len(by), load=len(loads), load_without_spills=len(clean),
+                         first_loading=loads[0] if loads else None,
+                         first_loading_config=by[loads[0]][0]["config"] if loads else None)
+    return out
+
+
 def _sweep_parts(d: dict) -> list[dict]:
     """A sweep file as a list of parts (env, command, widths, total_compile_s, records): a merged
     file's recorded parts, each with its records, or the file itself."""
@@ -545,6 +593,9 @@ def main(argv=None):
                    help="padded head widths for --sweep")
     p.add_argument("--kernels", nargs="+", default=list(V2_KERNELS), choices=list(V2_KERNELS),
                    help="v2 kernels for --sweep")
+    p.add_argument("--fit", type=int, metavar="ARCH",
+                   help="compile the v2 autotune space (head width 64, the heaviest call) for "
+                        "another GPU, e.g. 75 (T4), in float16: which entries load there")
     p.add_argument("--case", help="only the cases whose name contains this string")
     p.add_argument("--merge", nargs="+", metavar="FILE",
                    help="combine --sweep files of parts of the kernels into one")
@@ -553,7 +604,9 @@ def main(argv=None):
                                  "file is kept and a new file is written beside it unless --replace)")
     p.add_argument("--replace", action="store_true", help="overwrite the stored default file")
     args = p.parse_args(argv)
-    default = RESULTS / ("compile_kernels_sweep.json" if args.sweep or args.merge else "compile_kernels.json")
+    default = RESULTS / (f"compile_kernels_fit_sm{args.fit}.json" if args.fit else
+                         "compile_kernels_sweep.json" if args.sweep or args.merge else
+                         "compile_kernels.json")
     announce(default, args.out, args.replace)
     t0 = time.perf_counter()
     env = _env()  # the code compiled is the code at the start
@@ -577,6 +630,20 @@ def main(argv=None):
                                  widths=part["widths"], total_compile_s=part["total_compile_s"],
                                  kernels=sorted({r["name"] for r in part["records"]}))
                             for part in kept]
+    elif args.fit:
+        records = fit(args.fit, names=tuple(args.kernels))
+        summary = _fit_summary(records)
+        for name, row in summary.items():
+            print(f"{name}: {row['load']} of {row['entries']} load on sm_{args.fit} "
+                  f"({row['load_without_spills']} without spills); first that loads: "
+                  f"#{row['first_loading']} {row['first_loading_config']}")
+        payload = dict(benchmark="compile_kernels --fit",
+                       note=(f"the v2 autotune space (chosen on sm_90) compiled for sm_{args.fit} "
+                             f"in float16 without a GPU, head width 64, the default CEM layer's "
+                             f"call; loads: shared memory per block within "
+                             f"{SHARED_LIMIT.get(args.fit, 48 * 1024)} bytes; no timings"),
+                       env=env, command=command, arch=f"sm_{args.fit}", summary=summary,
+                       total_compile_s=round(time.perf_counter() - t0, 1), records=records)
     elif args.sweep:
         records = sweep(args.widths, names=tuple(args.kernels))
         payload = _sweep_payload(records, env, command, args.widths, t0)
