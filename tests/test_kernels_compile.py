@@ -99,3 +99,30 @@ def test_committed_reports_agree_with_the_autotune_space():
                    and r["case"].split()[-1] in ("bfloat16", "float16")]
     check_v2_records(sixteen_bit)
     assert not any(r["spills"] for r in sixteen_bit)
+
+
+def test_committed_fit_report_for_a_t4():
+    """``compile_kernels.py --fit 75``: the whole v2 autotune space compiled for sm_75 (a T4,
+    64 KiB of shared memory per block, float16). Every kernel keeps entries that load there, so
+    the autotuner has a choice on a T4 and ``CEMLIB_AUTOTUNE=0`` finds one
+    (``tied_attention_v2._first_fitting``); the summary is what the records say, the space is the
+    one committed, and the run came from committed code."""
+    code = ("import json; from cemlib.kernels import tied_attention_v2 as v;"
+            "print(json.dumps({n: v._gpu_configs(n, 64) for n in v.GPU_CONFIGS}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    space = json.loads(run.stdout)
+    fit = json.loads((RESULTS / "compile_kernels_fit_sm75.json").read_text())
+    assert fit["env"]["git_commit"] and not fit["env"]["git_commit"].endswith("+dirty")
+    assert fit["arch"] == "sm_75" and all(r["arch"] == "sm_75" for r in fit["records"])
+    assert set(fit["summary"]) == set(space)
+    for name, row in fit["summary"].items():
+        recs = [r for r in fit["records"] if r["name"] == name]
+        assert [recs[0]["config"]] + [r["config"] for a, r in zip(recs, recs[1:])
+                                      if r["index"] != a["index"]] == space[name]
+        loads = sorted({r["index"] for r in recs} - {r["index"] for r in recs
+                                                     if not r["fits_shared"]})
+        assert row["entries"] == len(space[name]) and row["load"] == len(loads) >= 1, name
+        assert row["first_loading"] == loads[0], name
+
