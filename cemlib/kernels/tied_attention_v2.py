@@ -90,6 +90,9 @@ from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
+#: compile an autotune space's configurations in parallel threads before the autotuner times them
+#: (``CEMLIB_PARALLEL_COMPILE=0``: one after another, inside the autotuner, as Triton does)
+PARALLEL_COMPILE = os.environ.get("CEMLIB_PARALLEL_COMPILE", "1") != "0"
 _atomic_dq = [os.environ.get("CEMLIB_ATOMIC_DQ", "0") == "1"]
 
 __all__ = ["tied_attention", "covers", "forward", "backward", "GPU_CONFIGS",
@@ -1020,6 +1023,8 @@ def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None)
         best = _choices.get(choice)
         if best is None:
             tuner = _tuner(name, kernel, table, block_d)
+            if cuda:
+                _precompile(kernel, grid, args, meta, tuner.configs)
             tuner[grid](*args, **meta)
             _choices[choice] = best = dict(tuner.best_config.all_kwargs())
             _tuned[key] = [best, None]
@@ -1031,6 +1036,32 @@ def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None)
         direct_launch.run(compiled, kernel, grid(best), args, kw)
     else:  # Triton's launch path; it returns the compiled kernel for the next launch
         entry[1] = kernel[grid(best)](*args, **kw)
+
+
+def _precompile(kernel, grid, args, meta, configs: list) -> None:
+    """Compile ``kernel`` for every configuration of its autotune space at once, in threads
+    (Triton's ``AsyncCompileMode``: most of a compilation, MLIR, LLVM and ``ptxas``, runs
+    without the GIL), so that the autotuner, which compiles them one after another before timing
+    each, finds them compiled. The first call of a kind of call compiles 19-30 configurations per
+    kernel; on the host's cores at once this takes a fraction of the time (``NOTES.md``, step
+    12). A configuration that fails to compile is left to the autotuner, which meets the same
+    error and handles it as it always does. Off with ``CEMLIB_PARALLEL_COMPILE=0``, where the
+    host has one core, and with a Triton older than 3.4 (no ``AsyncCompileMode``)."""
+    workers = min(len(configs), os.cpu_count() or 1, 16)
+    if not PARALLEL_COMPILE or workers < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode  # Triton >= 3.4
+    except ImportError:
+        return
+    with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for config in configs:  # the autotuner's triton.Config objects
+            kw = config.all_kwargs()  # exactly what its launch passes: the same cache key
+            try:
+                kernel.warmup(*args, grid=grid(kw), **meta, **kw)
+            except Exception:  # noqa: BLE001 - the autotuner meets it again, and reports it
+                pass
 
 
 # _tuned_key -> [the autotuner's configuration (kwargs, num_warps, num_stages), the kernel Triton
