@@ -14,7 +14,7 @@ after another inside the autotuner (``CEMLIB_PARALLEL_COMPILE=0``, Triton's own 
 variant runs in a fresh process with its own empty cache directory. On a GPU the autotuner's
 timing runs come on top (about 0.1 s per configuration with Triton's ``do_bench`` defaults).
 
-Usage: ``python benchmarks/first_call.py [--methods cem_v2 ...] [--out FILE | --replace]``
+Usage: ``python benchmarks/first_call.py [--methods cem_v2 ...] [--quick] [--out FILE | --replace]``
 (writes ``results/first_call_cpu.json``; the CPU and its core count set the scale).
 """
 
@@ -34,14 +34,18 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def _child(method: str) -> dict:
+def _child(method: str, quick: bool) -> dict:
     """In a fresh process (the cache directory and ``CEMLIB_PARALLEL_COMPILE`` set by the
-    parent): the first call of ``method`` and a second one, in seconds."""
+    parent): the first call of ``method`` and a second one, in seconds (``quick``: two
+    configurations per kernel, a check that the script runs)."""
     import host_overhead as ho
     import torch
     from triton.runtime.autotuner import Autotuner
     torch.set_num_threads(1)
     ho.gpu_paths()
+    if quick:
+        for name, by_width in ho.v2.GPU_CONFIGS.items():
+            ho.v2.GPU_CONFIGS[name] = {w: c[:2] for w, c in by_width.items()}
 
     def compile_only(self, *args, config, **meta):  # what the autotuner's timing run compiles
         self.fn.run(*args, **dict(meta, **config.all_kwargs(), warmup=True))
@@ -56,11 +60,12 @@ def _child(method: str) -> dict:
     return dict(first_call_s=round(first, 2), second_call_s=round(time.perf_counter() - t0, 4))
 
 
-def measure(method: str, parallel: bool) -> dict:
+def measure(method: str, parallel: bool, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TRITON_CACHE_DIR=cache, TRITON_INTERPRET="0",
                    CEMLIB_PARALLEL_COMPILE="1" if parallel else "0")
-        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", method],
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", method]
+                             + (["--quick"] if quick else []),
                              env=env, capture_output=True, text=True)
         if run.returncode != 0:
             raise RuntimeError(run.stdout[-2000:] + run.stderr[-3000:])
@@ -76,10 +81,12 @@ def main(argv=None):
     p.add_argument("--out", help="JSON path (default: results/first_call_cpu.json; an existing "
                                  "one is kept unless --replace)")
     p.add_argument("--replace", action="store_true")
+    p.add_argument("--quick", action="store_true", help="two configurations per kernel (a check "
+                                                        "that the script runs, not a result)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args.child)))
+        print(json.dumps(_child(args.child, args.quick)))
         return None
     import torch
     import triton
@@ -96,7 +103,7 @@ def main(argv=None):
     rows = []
     for method in args.methods:
         for parallel in (True, False):
-            row = measure(method, parallel)
+            row = measure(method, parallel, args.quick)
             rows.append(row)
             print(f"{method:14s} {'parallel' if parallel else 'one by one':10s} first call "
                   f"{row['first_call_s']:7.1f} s  second {row['second_call_s']:.4f} s  "
@@ -109,8 +116,10 @@ def main(argv=None):
         note=("first forward+backward of a kind of call from an empty Triton cache: kernels "
               "compiled for sm_90 for every configuration of the autotune space, a no-op "
               "launcher, the autotuner's timing runs reduced to their compilation; CPU tensors (B=1, "
-              "H=12, T=16, d=64, bf16); parallel: tied_attention_v2._precompile's threads"),
-        autotune_space_at_width_64=spaces, rows=rows)
+              "H=12, T=16, d=64, bf16); parallel: tied_attention_v2._precompile's threads"
+              + ("; quick run (two configurations per kernel): not a result" if args.quick
+                 else "")),
+        quick=args.quick, autotune_space_at_width_64=spaces, rows=rows)
     write_json(payload, default, args.out, args.replace)
     return payload
 

@@ -194,6 +194,24 @@ def test_host_overhead_script_runs(tmp_path):
     assert d["floor_us"] > 0
 
 
+def test_first_call_script_runs(tmp_path):
+    """benchmarks/first_call.py (quick: two configurations per kernel): the first call from an
+    empty cache, with the space compiled in threads and one by one; both compile the same
+    kernels (as many cache files), and a second call compiles nothing (no timing checked)."""
+    pytest.importorskip("triton")
+    out = tmp_path / "first.json"
+    r = subprocess.run([sys.executable, "benchmarks/first_call.py", "--quick", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert d["quick"] and "not a result" in d["note"]
+    rows = {x["parallel"]: x for x in d["rows"]}
+    assert set(rows) == {True, False}
+    assert rows[True]["cache_files"] == rows[False]["cache_files"] > 0
+    assert all(x["first_call_s"] > x["second_call_s"] for x in rows.values())
+
+
 def test_train_step_sorts_kernels_into_families():
     """The train stage's profile: GPU time per step by kernel family, first matching family,
     'other' for the rest, in ms per step; the longest kernels first."""
