@@ -1052,8 +1052,10 @@ def _precompile(kernel, grid, args, meta, configs: list) -> None:
         return
     from concurrent.futures import ThreadPoolExecutor
     try:
-        from triton.runtime._async_compile import AsyncCompileMode  # Triton >= 3.4
+        from triton.runtime._async_compile import AsyncCompileMode, active_mode  # Triton >= 3.4
     except ImportError:
+        return
+    if active_mode.get() is not None:  # inside someone else's asynchronous compilation
         return
     with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
         for config in configs:  # the autotuner's triton.Config objects
