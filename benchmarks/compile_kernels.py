@@ -451,6 +451,26 @@ SWEEP_VARIANTS = {"bwd_atomic": "shared-logits De=768 atomic-dq"}  # the others:
 LAUNCH_NAMES = {"bwd_atomic": "bwd"}  # the kernel's name for tied_attention_v2.use_configs
 
 
+def _compile_config(arch: int, dtype, width: int, name: str, cfg: dict) -> list[dict]:
+    """Compile v2 kernel ``name`` with configuration ``cfg`` for ``sm_<arch>`` in ``dtype`` in
+    its heaviest call (:data:`SWEEP_VARIANT`, :data:`SWEEP_VARIANTS` for the atomic-dq backward):
+    its records (two for the head sum: the sums of P and of dS), tagged with the kernel's name,
+    width, variant and configuration."""
+    variant = SWEEP_VARIANTS.get(name, SWEEP_VARIANT)
+    label = str(dtype).replace("torch.", "")
+    sink = []
+    t0 = time.perf_counter()
+    with compile_only(arch, sink, {LAUNCH_NAMES.get(name, name): cfg}):
+        v2_case(dtype, width, variant)
+    wall = time.perf_counter() - t0
+    out = []
+    for n, kw, k in [h for h in sink if h[0] == V2_KERNELS[name]]:
+        rec = _record(arch, f"v2 attention d={width} {variant} {label}", n, kw, k, wall, 2)
+        rec.update(name=name, width=width, variant=variant, config=cfg)
+        out.append(rec)
+    return out
+
+
 def sweep(widths, arch=90, names=tuple(V2_KERNELS), log=print) -> list[dict]:
     """Compile every candidate of every v2 kernel (bf16, ``sm_<arch>``) in
     :data:`SWEEP_VARIANT` (:data:`SWEEP_VARIANTS` for the atomic-dq backward); one record per
@@ -460,18 +480,8 @@ def sweep(widths, arch=90, names=tuple(V2_KERNELS), log=print) -> list[dict]:
         for name in names:
             if name == "extra_grads" and width != widths[0]:
                 continue  # independent of the head width
-            variant = SWEEP_VARIANTS.get(name, SWEEP_VARIANT)
             for cfg in candidates(name):
-                sink = []
-                t0 = time.perf_counter()
-                with compile_only(arch, sink, {LAUNCH_NAMES.get(name, name): cfg}):
-                    v2_case(torch.bfloat16, width, variant)
-                wall = time.perf_counter() - t0
-                hits = [(n, kw, k) for n, kw, k in sink if n == V2_KERNELS[name]]
-                for n, kw, k in hits:
-                    rec = _record(arch, f"v2 attention d={width} {variant} bfloat16", n, kw,
-                                  k, wall, 2)
-                    rec.update(name=name, width=width, variant=variant, config=cfg)
+                for rec in _compile_config(arch, torch.bfloat16, width, name, cfg):
                     out.append(rec)
                     main = [lp["non_mma_per_element"] for lp in rec["loops"] if not lp["band"]]
                     log(f"{name:12s} D={width:<4d} {cfg} regs {rec['registers']:3d} spill "
@@ -514,18 +524,10 @@ def fit(arch: int, dtype=torch.float16, width: int = 64, names=tuple(V2_KERNELS)
     what the autotuner there chooses among, and the first that loads is what
     ``CEMLIB_AUTOTUNE=0`` launches there."""
     out = []
-    label = str(dtype).replace("torch.", "")
     for name in names:
-        variant = SWEEP_VARIANTS.get(name, SWEEP_VARIANT)
         for index, cfg in enumerate(v2._gpu_configs(name, width)):
-            sink = []
-            t0 = time.perf_counter()
-            with compile_only(arch, sink, {LAUNCH_NAMES.get(name, name): cfg}):
-                v2_case(dtype, width, variant)
-            wall = time.perf_counter() - t0
-            for n, kw, k in [h for h in sink if h[0] == V2_KERNELS[name]]:
-                rec = _record(arch, f"v2 attention d={width} {variant} {label}", n, kw, k, wall, 2)
-                rec.update(name=name, width=width, variant=variant, config=cfg, index=index)
+            for rec in _compile_config(arch, dtype, width, name, cfg):
+                rec["index"] = index
                 out.append(rec)
                 log(f"{name:12s} #{index:<2d} {cfg} regs {rec['registers']:3d} spill "
                     f"{rec['spills']!s:5s} shared {rec['dynamic_shared_bytes']:6d} "

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+
+
+def bench_by_compiling(self, *args, config, **meta):
+    """Stands in for ``Autotuner._bench`` without a GPU: the compilation a timing run starts
+    with, then equal times (the autotuner keeps its first configuration)."""
+    self.fn.run(*args, **dict(meta, **config.all_kwargs(), warmup=True))
+    return [1.0, 1.0, 1.0]
 
 
 def _child(method: str, quick: bool) -> dict:
@@ -46,11 +52,7 @@ def _child(method: str, quick: bool) -> dict:
     if quick:
         for name, by_width in ho.v2.GPU_CONFIGS.items():
             ho.v2.GPU_CONFIGS[name] = {w: c[:2] for w, c in by_width.items()}
-
-    def compile_only(self, *args, config, **meta):  # what the autotuner's timing run compiles
-        self.fn.run(*args, **dict(meta, **config.all_kwargs(), warmup=True))
-        return [1.0, 1.0, 1.0]
-    Autotuner._bench = compile_only
+    Autotuner._bench = bench_by_compiling
     call, _ = ho.call_of(method)
     t0 = time.perf_counter()
     call()
@@ -88,18 +90,11 @@ def main(argv=None):
     if args.child:
         print(json.dumps(_child(args.child, args.quick)))
         return None
-    import torch
-    import triton
-
-    from cemlib.kernels import tied_attention_v2 as v2
-    from cemlib.train.results import environment_info, git_commit
+    from host_overhead import command_line, run_env, v2
     from outputs import RESULTS, announce, write_json
     default = RESULTS / "first_call_cpu.json"
     announce(default, args.out, args.replace)
-    env = dict(python=platform.python_version(), torch=torch.__version__,
-               triton=triton.__version__, cpu=environment_info(torch.device("cpu"))[0]["name"],
-               cpu_count=os.cpu_count(), git_commit=git_commit(),
-               date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    env = run_env(cpu_count=os.cpu_count())
     rows = []
     for method in args.methods:
         for parallel in (True, False):
@@ -111,8 +106,7 @@ def main(argv=None):
     spaces = {name: len(v2._gpu_configs(name, 64)) for name in ("fwd", "pre", "bwd")}
     payload = dict(
         benchmark="first_call", env=env,
-        command="python benchmarks/first_call.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]),
+        command=command_line(__file__, argv),
         note=("first forward+backward of a kind of call from an empty Triton cache: kernels "
               "compiled for sm_90 for every configuration of the autotune space, a no-op "
               "launcher, the autotuner's timing runs reduced to their compilation; CPU tensors (B=1, "

@@ -278,6 +278,21 @@ def launch_layers(recorded, n):
         positional_args=len(args), meta_parameters=len(meta))
 
 
+def run_env(**extra) -> dict:
+    """What a run of this CPU-side measurement depends on: Python, torch, Triton, the CPU, the
+    commit and the date (``extra``: anything else, such as the thread count)."""
+    return dict(python=platform.python_version(), torch=torch.__version__,
+                triton=triton.__version__, cpu=environment_info(torch.device("cpu"))[0]["name"],
+                **extra, git_commit=git_commit(),
+                date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def command_line(script: str, argv=None) -> str:
+    """The command that reproduces a run of ``script`` (a file in ``benchmarks/``)."""
+    return f"python benchmarks/{os.path.basename(script)} " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="cem_v2 only, few repetitions (a check "
@@ -289,10 +304,7 @@ def main(argv=None):
     default = RESULTS / "host_overhead_cpu.json"
     announce(default, args.out, args.replace)
     torch.set_num_threads(1)
-    env = dict(python=platform.python_version(), torch=torch.__version__,
-               triton=triton.__version__, cpu=environment_info(torch.device("cpu"))[0]["name"],
-               torch_threads=1, git_commit=git_commit(),
-               date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    env = run_env(torch_threads=1)
     gpu_paths()
     n = 30 if args.quick else 400
     rows = []
@@ -309,8 +321,7 @@ def main(argv=None):
     print("one bwd launch, us:", layers)
     payload = dict(
         benchmark="host_overhead", env=env,
-        command="python benchmarks/host_overhead.py " + " ".join(
-            argv if argv is not None else sys.argv[1:]),
+        command=command_line(__file__, argv),
         note=("host (CPU) time of one attention forward+backward up to the driver's launch: "
               "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
               "d=64, bf16); one torch thread; medians of %d calls; quick run: not a result"

@@ -14,11 +14,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(args, tmp_path, name):
+def _run(args, tmp_path, name, timeout=600, env=None):
     out = tmp_path / f"{name}.json"
     r = subprocess.run([sys.executable, *args, "--out", str(out)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+                       text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(out.read_text())
 
 
@@ -175,12 +175,8 @@ def test_host_overhead_script_runs(tmp_path):
     """benchmarks/host_overhead.py (quick): kernels compiled for sm_90, launches taken by a
     stand-in driver; the rows and the layers of one launch are recorded (no timing is checked)."""
     pytest.importorskip("triton")
-    out = tmp_path / "host.json"
-    r = subprocess.run([sys.executable, "benchmarks/host_overhead.py", "--quick", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "TRITON_INTERPRET": "0"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    d = json.loads(out.read_text())
+    d = _run(["benchmarks/host_overhead.py", "--quick"], tmp_path, "host", timeout=900,
+             env={**os.environ, "TRITON_INTERPRET": "0"})
     assert d["quick"] and "not a result" in d["note"] and d["env"]["triton"]
     rows = {(x["method"], x["path"]): x for x in d["rows"]}
     assert set(rows) == {("cem_v2", "cemlib"), ("cem_v2", "without_direct_launch"),
@@ -199,12 +195,8 @@ def test_first_call_script_runs(tmp_path):
     empty cache, with the space compiled in threads and one by one; both compile the same
     kernels (as many cache files), and a second call compiles nothing (no timing checked)."""
     pytest.importorskip("triton")
-    out = tmp_path / "first.json"
-    r = subprocess.run([sys.executable, "benchmarks/first_call.py", "--quick", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "TRITON_INTERPRET": "0"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    d = json.loads(out.read_text())
+    d = _run(["benchmarks/first_call.py", "--quick"], tmp_path, "first", timeout=900,
+             env={**os.environ, "TRITON_INTERPRET": "0"})
     assert d["quick"] and "not a result" in d["note"]
     rows = {x["parallel"]: x for x in d["rows"]}
     assert set(rows) == {True, False}

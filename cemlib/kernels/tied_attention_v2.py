@@ -946,16 +946,13 @@ _TUNE_KEYS = ("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_D
 
 
 def _select(name: str, device: torch.device, block_d: int, table: str):
-    """The configuration to launch with, ``"first_fitting"`` (autotuning off on a GPU: the first
-    entry of :data:`GPU_CONFIGS` [``table``] that the device can run, :func:`_first_fitting`), or
-    ``None`` for the autotuner; ``name`` the kernel's name for :func:`use_configs` and the
+    """The configuration to launch with, or ``None`` on a GPU (the autotuner, or with autotuning
+    off :func:`_first_fitting`); ``name`` the kernel's name for :func:`use_configs` and the
     interpreter, ``table`` its entry of :data:`GPU_CONFIGS`."""
     if name in _override:
         return dict(_override[name])
     if INTERPRET or device.type != "cuda":
         return dict(INTERPRETER_CONFIGS[name])
-    if not AUTOTUNE:
-        return "first_fitting"
     return None
 
 
@@ -1007,11 +1004,11 @@ def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None)
     table = table or name
     cfg = _select(name, device, block_d, table)
     cuda = device.type == "cuda" and not INTERPRET
-    if cfg == "first_fitting":
-        _first_fitting(kernel, grid, args, meta, table, block_d, device)
-        return
     if cfg is not None:
         direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, cuda)
+        return
+    if not AUTOTUNE:
+        _first_fitting(kernel, grid, args, meta, table, block_d, device)
         return
     key = _tuned_key(table, block_d, device, args, meta)
     entry = _tuned.get(key)

@@ -31,7 +31,7 @@ from torch import nn
 
 from cemlib.layers import hyperset as hl
 from cemlib.layers import hyperset_variants as hv
-from cemlib.utils import check_positive_int, check_tensor
+from cemlib.utils import check_positive_int, check_tensor, check_token_ids
 
 __all__ = ["HyperSETModel", "ATTENTIONS", "FEEDFORWARDS", "sinusoidal_positions", "HEADS",
            "PATCH_EMBEDS"]
@@ -180,10 +180,7 @@ class HyperSETModel(nn.Module):
             if x.dim() != 2 or x.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"token input must be an integer tensor (B, N), got "
                                  f"{tuple(x.shape)} {x.dtype}")
-            if x.numel() and not torch.compiler.is_compiling() \
-                    and (x.min() < 0 or x.max() >= self.vocab_size):
-                raise ValueError(f"token ids must be in [0, {self.vocab_size}), got range "
-                                 f"[{int(x.min())}, {int(x.max())}]")
+            check_token_ids(x, self.vocab_size)  # (skipped while torch.compile traces)
         else:
             check_tensor(x, "patches", ndim=3, last_dim=self.patch_dim, finite="where_free")
         if x.shape[1] != self.n_positions:
