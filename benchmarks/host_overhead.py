@@ -10,9 +10,12 @@ work between the call and the driver's launch: ``torch.autograd``, cemlib's argu
 preparation and allocations, the autotuner's lookup, Triton's argument binder and kernel-cache
 lookup. Not included: the driver call itself, CUDA's device guard and caching allocator (the CPU
 allocator stands in), and anything on the GPU. Host time does not depend on the sequence length,
-so the tensors are tiny (T = 16): torch's own operations in the call (allocations, the shared
-diagonal's two GEMMs, the atomic path's conversion of ``dq``) then cost the CPU next to nothing
-in arithmetic, where on a GPU each would be one launch, a few microseconds of host time.
+so the tensors are tiny (T = 16, and D_e = 16 for the shared pair): torch's own operations in the
+call (allocations, the shared diagonal's three GEMMs, the atomic path's conversion of ``dq``) then
+cost the CPU little arithmetic, where on a GPU each would be one launch, a few microseconds of host
+time. (At the layers' D_e = 768 the CPU's bf16 GEMMs alone took about 60 us of the default
+layer's call: arithmetic a GPU does not do on the host; the runs recorded at commits up to
+7d7c607 used it.)
 
 Rows, per method (``cem_v2``: ALiBi and self/cross biases, every gradient, the call the kernel
 benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's call; ``mlp_v2``:
@@ -129,7 +132,7 @@ def median_us(fn, n, reset=()):
     return statistics.median(times) * 1e6
 
 
-def call_of(name, B=1, H=12, T=16, d=64, De=768, dtype=torch.bfloat16, path="cemlib"):
+def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="cemlib"):
     """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it (the
     tied MLP step: ``path="custom_ops"`` calls its ``torch.library`` operators, the eager path
     before this benchmark's changes)."""

@@ -68,6 +68,7 @@ def test_direct_launch_cache_starts_over_when_full(monkeypatch):
 
     class Kernel:
         pre_run_hooks = []
+        fn = staticmethod(lambda L: None)  # the Python function (its parameters are bound once)
 
         def __getitem__(self, grid):
             return lambda *args, **kw: "compiled"

@@ -33,7 +33,8 @@ import os
 
 from torch import Tensor
 
-__all__ = ["launch", "run", "enabled", "SUPPORTED", "clear", "specialization_key"]
+__all__ = ["launch", "bind", "run_bound", "Bound", "enabled", "SUPPORTED", "clear",
+           "specialization_key"]
 
 # the end of JITFunction.run that launch() reproduces (whitespace-insensitive); if the installed
 # Triton launches differently, SUPPORTED is False and every launch goes through Triton's path
@@ -64,7 +65,7 @@ _enabled = [os.environ.get("CEMLIB_DIRECT_LAUNCH", "1") != "0"]
 #: keys remembered before the cache starts over (each holds ~50 small objects; the compiled
 #: kernels themselves stay in Triton's own cache, so starting over only costs one slow launch)
 MAX_ENTRIES = 4096
-_compiled: dict = {}    # key -> CompiledKernel
+_compiled: dict = {}    # key -> Bound (the compiled kernel, its keyword arguments laid out)
 _signatures: dict = {}  # JITFunction -> (parameter names, defaults)
 
 
@@ -80,10 +81,15 @@ def clear() -> None:
     _compiled.clear()
 
 
+# argument types that decide Triton's specialization by value (and are their own key)
+_BY_VALUE = frozenset({int, float, bool, str, type(None)})
+
+
 def specialization_key(args) -> list:
     """The arguments as they decide Triton's specialization, or finer: non-tensors by value,
     tensors by dtype and address modulo 16."""
-    return [(a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args]
+    return [a if type(a) in _BY_VALUE else
+            (a.dtype, a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args]
 
 
 def _key(device, kernel, args, kw) -> tuple:
@@ -104,39 +110,66 @@ def _bound_values(kernel, args, kw) -> list:
     return values
 
 
+class Bound:
+    """A compiled kernel with the keyword part of its arguments laid out (the meta-parameters and
+    defaults after the positional arguments, in the kernel's parameter order): what a launch of
+    one key needs besides the positional arguments and the grid."""
+
+    __slots__ = ("compiled", "tail")
+
+    def __init__(self, compiled, tail: tuple):
+        self.compiled, self.tail = compiled, tail
+
+
+def bind(compiled, kernel, args: tuple, kw: dict) -> Bound:
+    """``compiled`` (the kernel Triton compiled for ``kernel`` called with ``args``/``kw``) with
+    ``kw`` laid out once, for :func:`run_bound` with positional arguments of the same
+    specialization and the same ``kw``."""
+    return Bound(compiled, tuple(_bound_values(kernel, args, kw)[len(args):]))
+
+
+_triton: list = []  # [triton.knobs, triton.runtime.driver], imported at the first launch
+
+
+def _modules():
+    if not _triton:
+        from triton import knobs
+        from triton.runtime import driver
+        _triton.extend((knobs, driver))
+    return _triton
+
+
+def run_bound(bound: Bound, grid: tuple, args: tuple) -> None:
+    """Launch ``bound`` on the current device and stream, exactly as the end of
+    ``JITFunction.run`` does (``CompiledKernel.launch_metadata`` is ``None`` unless a launch
+    hook is set; it is asked only then)."""
+    knobs, driver = _modules()
+    active = driver.active
+    stream = active.get_current_stream(active.get_current_device())
+    compiled, runtime = bound.compiled, knobs.runtime
+    enter = runtime.launch_enter_hook
+    metadata = None if enter is None else compiled.launch_metadata(grid, stream, *args,
+                                                                   *bound.tail)
+    n = len(grid)
+    compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream,
+                 compiled.function, compiled.packed_metadata, metadata, enter,
+                 runtime.launch_exit_hook, *args, *bound.tail)
+
+
 def launch(kernel, grid: tuple, args: tuple, kw: dict, cuda: bool = True):
     """``kernel[grid](*args, **kw)``; on CUDA (``cuda``) and where :func:`enabled`, without
     Triton's per-call binder and cache-key work after the first launch of a key."""
     if not (cuda and enabled()) or kernel.pre_run_hooks:
         return kernel[grid](*args, **kw)
-    from triton.runtime import driver
+    _, driver = _modules()
     device = driver.active.get_current_device()
     key = _key(device, kernel, args, kw)
-    compiled = _compiled.get(key)
-    if compiled is None:  # Triton's path: compiles if needed, returns the compiled kernel
+    bound = _compiled.get(key)
+    if bound is None:  # Triton's path: compiles if needed, returns the compiled kernel
         compiled = kernel[grid](*args, **kw)
         if len(_compiled) >= MAX_ENTRIES:  # e.g. generation, one length after another
             _compiled.clear()
-        _compiled[key] = compiled
+        _compiled[key] = bind(compiled, kernel, args, kw)
         return compiled
-    return run(compiled, kernel, grid, args, kw, device)
-
-
-def run(compiled, kernel, grid: tuple, args: tuple, kw: dict, device=None):
-    """Launch ``compiled``, the kernel that Triton compiled for ``kernel`` with arguments of the
-    same specialization as ``args``/``kw`` (the caller's key must guarantee that, as
-    :func:`launch`'s does), exactly as the end of ``JITFunction.run`` does."""
-    from triton import knobs
-    from triton.runtime import driver
-    if device is None:
-        device = driver.active.get_current_device()
-    stream = driver.active.get_current_stream(device)
-    values = _bound_values(kernel, args, kw)
-    grid_0 = grid[0]
-    grid_1 = grid[1] if len(grid) > 1 else 1
-    grid_2 = grid[2] if len(grid) > 2 else 1
-    launch_metadata = compiled.launch_metadata(grid, stream, *values)
-    compiled.run(grid_0, grid_1, grid_2, stream, compiled.function, compiled.packed_metadata,
-                 launch_metadata, knobs.runtime.launch_enter_hook,
-                 knobs.runtime.launch_exit_hook, *values)
-    return compiled
+    run_bound(bound, grid, args)
+    return bound.compiled

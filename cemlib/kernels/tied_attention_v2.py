@@ -1027,12 +1027,14 @@ def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None)
             _tuned[key] = [best, None]
             return
         entry = _tuned[key] = [best, None]
-    best, compiled = entry
-    kw = {**meta, **best}
-    if compiled is not None and cuda and direct_launch.enabled() and not kernel.pre_run_hooks:
-        direct_launch.run(compiled, kernel, grid(best), args, kw)
-    else:  # Triton's launch path; it returns the compiled kernel for the next launch
-        entry[1] = kernel[grid(best)](*args, **kw)
+    best, bound = entry
+    if bound is not None and direct_launch.enabled():
+        direct_launch.run_bound(bound, grid(best), args)
+        return
+    kw = {**meta, **best}  # Triton's launch path; it returns the compiled kernel, kept (bound to
+    compiled = kernel[grid(best)](*args, **kw)  # kw) for the next launches of this key
+    if cuda and direct_launch.enabled() and not kernel.pre_run_hooks:
+        entry[1] = direct_launch.bind(compiled, kernel, args, kw)
 
 
 def _precompile(kernel, grid, args, meta, configs: list) -> None:
@@ -1064,7 +1066,8 @@ def _precompile(kernel, grid, args, meta, configs: list) -> None:
 
 
 # _tuned_key -> [the autotuner's configuration (kwargs, num_warps, num_stages), the kernel Triton
-# compiled for it (None until launched once with it)]
+# compiled for it bound to its keyword arguments (direct_launch.Bound; None until launched once
+# with it, and off CUDA or with direct launches off)]
 _tuned: dict = {}
 # (space, padded head width, device, length bucket, meta-parameters, dtypes) -> the autotuner's
 # configuration
@@ -1164,7 +1167,9 @@ class _Call:
         self.scale = float(scale)
         self.c = self.scale * LOG2E.value
         self.alibi, self.self_bias, self.cross_bias = alibi, self_bias, cross_bias
-        self.vec = [t.detach() if t is not None else self.q for t in (alibi, self_bias, cross_bias)]
+        # (passed as they are: a kernel reads the memory; a detach() per operand would add an
+        # operator, a few microseconds of host time on a GPU, and change nothing)
+        self.vec = [t if t is not None else self.q for t in (alibi, self_bias, cross_bias)]
         self.strides = self.q.stride()[:3]
 
     def blocks(self, cfg_key):
