@@ -23,10 +23,12 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     ``torch.profiler`` of forward+backward at T = 512 and 1024: GPU kernel time against wall
     time, kernels and launch calls per call, the longest kernels; and the same call replayed from
     a CUDA graph (no host work per call), with the CEM v2 / SDPA ratios of the three times.
-``mlp`` (60)
+``mlp`` (75)
     the tied MLP step v2 and v1 against eager (``bench_mlp.measure``), time and peak memory, with
     the v2/eager ratios next to the target (time <= 1, memory <= 0.7) and the CPU prediction
-    (``results/mlp_memory_cpu.json``).
+    (``results/mlp_memory_cpu.json``); then v2 and eager profiled side by side at each width as
+    in ``profile`` (wall, kernel and CUDA-graph time; the longest kernels), which says whether a
+    width where v2 misses (D_h = 768 on the H100) loses in its kernels or in host time.
 ``train`` (180)
     train-step tokens/s and MFU of Llama and CEM at T = 1 and T = 2 (``train_step.run``, bf16,
     ``torch.compile``, d = 768, 6 layers, context 256, batch 64), with the CEM/Llama ratios
@@ -81,7 +83,7 @@ import train_step  # noqa: E402
 from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
 
 STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
-BUDGET_S = {"correctness": 70, "autotune": 100, "attention": 110, "profile": 40, "mlp": 60,
+BUDGET_S = {"correctness": 70, "autotune": 100, "attention": 110, "profile": 40, "mlp": 75,
             "train": 180}
 TOTAL_S = 570
 MLP_TIME_TARGET, MLP_MEMORY_TARGET = 1.0, bench_mlp.MEMORY_TARGET
@@ -397,12 +399,7 @@ def attention(s, device, deadline):
 
 def profile(s, device, deadline):
     """GPU kernel time vs wall time of one forward+backward, per method and T."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
     a, iters = s["attention"], s["profile_iters"]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     rows = []
     for T in s["profile_Ts"]:
         x = bench_attention.attention_inputs(a["B"], a["H"], T, a["d"], a["H"] * a["d"],
@@ -416,43 +413,62 @@ def profile(s, device, deadline):
             if fn is None:
                 rows.append(dict(method=name, T=T, **record))
                 continue
-            calls, leaves = bench_attention.fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])
-            for _ in range(3):
-                calls["fwd_bwd"]()
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                calls["fwd_bwd"]()
-            sync()
-            wall_ms = 1e3 * (time.perf_counter() - t0) / iters
-            with torch_profile(activities=activities) as prof:
-                for _ in range(iters):
-                    calls["fwd_bwd"]()
-                sync()
-            graphed_ms, graph_error = None, None
-            if device.type == "cuda" and name in GRAPHED:
-                try:
-                    graphed_ms = graphed_call_ms(calls["fwd_bwd"], iters)
-                except Exception as err:  # recorded, not fatal: the other columns stand
-                    graph_error = f"{type(err).__name__}: {err}"[:300]
-            events = prof.events()
-            per_kernel, kernels = common.cuda_kernel_times(events)
-            kernel_ms = sum(per_kernel.values()) / 1e3 / iters
-            launches = sum(1 for e in events if "LaunchKernel" in e.name)
-            rows.append(dict(
-                method=name, T=T, B=a["B"], H=a["H"], d=a["d"], dtype=str(a["dtype"]),
-                wall_ms=wall_ms, kernel_ms=kernel_ms if kernels else None,
-                kernel_over_wall=kernel_ms / wall_ms if kernels else None,
-                graphed_ms=graphed_ms, **({"graph_error": graph_error} if graph_error else {}),
-                kernels_per_call=kernels / iters, launch_calls_per_call=launches / iters,
-                cpu_ops_per_call=sum(1 for e in events if e.device_type == DeviceType.CPU
-                                     and e.name.startswith("aten::")) / iters,
-                longest_kernels=[dict(name=k[:120], us_per_call=v / iters) for k, v in sorted(
-                    per_kernel.items(), key=lambda kv: -kv[1])[:6]]))
-            print("profile", name, T, f"wall {wall_ms:.3f} ms", f"kernels {rows[-1]['kernel_ms']}",
-                  f"graphed {graphed_ms}", f"{rows[-1]['kernels_per_call']} kernels/call",
-                  graph_error or "", flush=True)
+            calls, _ = bench_attention.fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])
+            rows.append(dict(method=name, T=T, B=a["B"], H=a["H"], d=a["d"], dtype=str(a["dtype"]),
+                             **profiled_call(calls["fwd_bwd"], iters, device,
+                                             graphed=name in GRAPHED)))
+            _print_profile("profile", name, T, rows[-1])
     return {"iters": iters, "rows": rows, "ratios": profile_ratios(rows)}
+
+
+def profiled_call(call, iters, device, graphed=False) -> dict:
+    """Wall time and GPU kernel time of ``call`` (a forward+backward; already run once), side by
+    side: ``wall_ms`` per call of a plain loop, ``kernel_ms`` the GPU kernels' total per call
+    under ``torch.profiler`` (their share of the wall time says how long the GPU waited for the
+    host), the kernels, launch calls and ``aten`` operators per call, the longest kernels, and
+    with ``graphed`` the call replayed from a CUDA graph (no host work per call)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for _ in range(3):
+        call()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    sync()
+    wall_ms = 1e3 * (time.perf_counter() - t0) / iters
+    with torch_profile(activities=activities) as prof:
+        for _ in range(iters):
+            call()
+        sync()
+    graphed_ms, graph_error = None, None
+    if device.type == "cuda" and graphed:
+        try:
+            graphed_ms = graphed_call_ms(call, iters)
+        except Exception as err:  # recorded, not fatal: the other columns stand
+            graph_error = f"{type(err).__name__}: {err}"[:300]
+    events = prof.events()
+    per_kernel, kernels = common.cuda_kernel_times(events)
+    kernel_ms = sum(per_kernel.values()) / 1e3 / iters
+    return dict(
+        wall_ms=wall_ms, kernel_ms=kernel_ms if kernels else None,
+        kernel_over_wall=kernel_ms / wall_ms if kernels else None,
+        graphed_ms=graphed_ms, **({"graph_error": graph_error} if graph_error else {}),
+        kernels_per_call=kernels / iters,
+        launch_calls_per_call=sum(1 for e in events if "LaunchKernel" in e.name) / iters,
+        cpu_ops_per_call=sum(1 for e in events if e.device_type == DeviceType.CPU
+                             and e.name.startswith("aten::")) / iters,
+        longest_kernels=[dict(name=k[:120], us_per_call=v / iters) for k, v in sorted(
+            per_kernel.items(), key=lambda kv: -kv[1])[:6]])
+
+
+def _print_profile(stage, name, size, row):
+    print(stage, name, size, f"wall {row['wall_ms']:.3f} ms", f"kernels {row['kernel_ms']}",
+          f"graphed {row['graphed_ms']}", f"{row['kernels_per_call']} kernels/call",
+          row.get("graph_error", ""), flush=True)
 
 
 #: the methods the profile stage also replays from a CUDA graph (the first version is left out)
@@ -510,6 +526,7 @@ def mlp(s, device, deadline):
     verdict = {k: {"time_met": v.get("time", float("inf")) <= MLP_TIME_TARGET,
                    "memory_met": v.get("memory", float("inf")) <= MLP_MEMORY_TARGET}
                for k, v in ratios.items() if k.endswith("fwd_bwd")}
+    profiled = mlp_profile(s, device, dtype, deadline)
     predicted = os.path.join(HERE, "results", "mlp_memory_cpu.json")
     prediction = None
     if os.path.exists(predicted):
@@ -518,7 +535,38 @@ def mlp(s, device, deadline):
     return {"peak_gemm": peak, "results": results, "v2_over_eager": ratios,
             "v1_over_eager": bench_mlp.ratios(results, "v1"),
             "targets": {"time": MLP_TIME_TARGET, "memory": MLP_MEMORY_TARGET}, "verdict": verdict,
-            "cpu_predicted_memory_ratio": prediction}
+            "cpu_predicted_memory_ratio": prediction, "profile": profiled}
+
+
+def mlp_profile(s, device, dtype, deadline) -> dict:
+    """The tied MLP step v2 and eager, forward+backward, profiled side by side at every width
+    (:func:`profiled_call`): whether a width where v2 misses the time target loses in its
+    kernels (a GEMM shape cuBLAS handles worse in v2's layout, an element-wise kernel) or in
+    host time (the GPU waiting between launches), and which kernels take the time."""
+    m, iters = s["mlp"], s["profile_iters"]
+    methods = bench_mlp.step_methods(False, ("v2", "eager"))
+    rows = []
+    for Dh in m["widths"]:
+        inputs, dy = bench_mlp.step_inputs(m["N"], Dh, bench_mlp.MULT * Dh, dtype, device)
+        for name, fn in methods.items():
+            if time.monotonic() > deadline:
+                rows.append(dict(method=name, D_h=Dh, skipped="out of the stage's time budget"))
+                continue
+            fns, _ = bench_mlp.calls(fn, inputs, dy)
+            rows.append(dict(method=name, N=m["N"], D_h=Dh, D_v=bench_mlp.MULT * Dh,
+                             dtype=str(dtype), **profiled_call(fns["fwd_bwd"], iters, device,
+                                                               graphed=True)))
+            _print_profile("mlp profile", name, Dh, rows[-1])
+    by = {(r["method"], r["D_h"]): r for r in rows if "wall_ms" in r}
+    ratios = {}
+    for (name, Dh), r in by.items():
+        base = by.get(("eager", Dh))
+        if name == "v2" and base is not None:
+            ratios[f"v2 / eager D_h={Dh}"] = {
+                col.replace("_ms", ""): r[col] / base[col] for col in ("wall_ms", "kernel_ms",
+                                                                       "graphed_ms")
+                if r.get(col) and base.get(col)}
+    return {"iters": iters, "rows": rows, "ratios": ratios}
 
 
 def train(s, device, deadline):
