@@ -200,6 +200,52 @@ def test_v2_tile_configurations(configs):
             pass
 
 
+def _gpu_tiles(table: str, width: int) -> list[dict]:
+    """The distinct tile sizes (``BLOCK_*``) of a GPU autotune space, in the space's order (warps
+    and stages do not change what a kernel computes, and the interpreter ignores them)."""
+    seen = []
+    for cfg in v2.GPU_CONFIGS[table][width if width in v2.GPU_CONFIGS[table] else 0]:
+        tiles = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
+        if tiles not in seen:
+            seen.append(tiles)
+    return seen
+
+
+def _gpu_tile_cases():
+    """One call per index ``i`` up to the longest space: kernel ``k`` runs the ``i``-th distinct
+    tiles of its space (cycling through shorter ones), so that every tile size of every kernel's
+    GPU space runs once; the walk and the atomic-dq backward each at head widths 64 and 128."""
+    cases = []
+    for width in (64, 128):
+        for backward in ("bwd", "bwd_atomic"):
+            spaces = {k: _gpu_tiles(k, width) for k in ("fwd", "pre", "headsum", "extra_grads")}
+            spaces["bwd"] = _gpu_tiles(backward, width)
+            n = max(len(v) for v in spaces.values()) if backward == "bwd" else len(spaces["bwd"])
+            cases += [pytest.param(width, backward, {k: v[i % len(v)] for k, v in spaces.items()},
+                                   id=f"{width}-{backward}-{i}") for i in range(n)]
+    return cases
+
+
+@pytest.mark.parametrize("width,backward,configs", _gpu_tile_cases())
+def test_every_tile_size_of_the_gpu_autotune_spaces(width, backward, configs):
+    """On a GPU the autotuner may launch any entry of a kernel's space, and a GPU run checks only
+    the entries it chose; here every distinct tile size of every space (:data:`GPU_CONFIGS`, 80
+    in all) computes the default layer's call (ALiBi, self/cross biases, the shared pair with
+    head-summed values: all six kernels) against the float64 reference, float32, 1e-5. Query and
+    key tiles of unequal sizes both ways, a length with a partial last tile of every size, and
+    the head width of each table (64; 72, padded to 128)."""
+    D, L = (64, 200) if width == 64 else (72, 150)
+    inp = make_inputs(1, 2, L, D, De=40, seed=11)
+    ref, ref_g = run(reference.tied_attention, inp, torch.float64, values=True)
+    with v2.use_configs(**configs):
+        got, got_g = run(functools.partial(v2.tied_attention, atomic_dq=backward == "bwd_atomic"),
+                         inp, torch.float32, values=True)
+    for a, b in zip(got, ref):
+        assert rel_err(a, b) <= 1e-5, configs
+    for name in ref_g:
+        assert rel_err(got_g[name], ref_g[name]) <= 1e-5, (name, configs)
+
+
 @pytest.mark.parametrize("case", [(1, 2, 33, 16, 0), (1, 16, 12, 16, 0), (2, 2, 29, 24, 40)])
 def test_v2_float16_flash_criterion(case):
     B, K, L, D, De = case
