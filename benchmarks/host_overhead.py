@@ -32,7 +32,8 @@ the tied gated-MLP step v2, 16 tokens, D_h = 16, D_v = 64, float32) and per path
   every launch through Triton's path, as before the step got an ``autograd.Function`` for eager
   mode (the custom operators now serve ``torch.compile`` only).
 
-Columns: median microseconds of one forward+backward (``full_us``), the same with every Triton
+Columns (each the smallest of :data:`ROUNDS` rounds' medians, rounds spread over the run): median
+microseconds of one forward+backward (``full_us``), the same with every Triton
 launch skipped (``without_launches_us``: torch and cemlib only), the recorded launches replayed
 alone (``launches_us``), and the launches per call. ``bwd_launch_layers_us`` takes one backward
 launch apart: through the autotuner, with the cached choice through ``JITFunction.run`` and
@@ -285,6 +286,25 @@ def launch_layers(recorded, n):
         positional_args=len(args), meta_parameters=len(meta))
 
 
+#: rounds of the whole measurement; each number is the smallest of its rounds' medians
+ROUNDS = 5
+
+
+def smallest(rounds: list[list[dict]]) -> list[dict]:
+    """Rows of several rounds (same rows, same order) combined: every number the smallest of its
+    rounds' values (nested dictionaries of numbers too). Host time has a floor and no ceiling:
+    what the machine adds (another process, a frequency change) only ever adds time, and this
+    CPU's bursts last seconds, longer than a row's 400 calls."""
+    def merge(values):
+        first = values[0]
+        if isinstance(first, dict):
+            return {k: merge([v[k] for v in values]) for k in first}
+        if isinstance(first, float):
+            return min(values)
+        return first
+    return [merge(list(same)) for same in zip(*rounds)]
+
+
 def run_env(**extra) -> dict:
     """What a run of this CPU-side measurement depends on: Python, torch, Triton, the CPU, the
     commit and the date (``extra``: anything else, such as the thread count)."""
@@ -313,16 +333,18 @@ def main(argv=None):
     torch.set_num_threads(1)
     env = run_env(torch_threads=1)
     gpu_paths()
-    n = 30 if args.quick else 400
-    rows = []
-    for name in (("cem_v2",) if args.quick else METHODS):
-        for path in PATHS["mlp" if name.startswith("mlp") else "attention"]:
-            row = measure(name, path, n)
-            rows.append(row)
-            print(f"{name:14s} {path:21s} fwd+bwd {row['full_us']:7.1f} us  without launches "
-                  f"{row['without_launches_us']:7.1f}  launches {row['launches_us']:7.1f} "
-                  f"({row['launches_per_call']})", flush=True)
-    floor = round(floor_us(n), 1)
+    n, rounds = (30, 1) if args.quick else (400, ROUNDS)
+    measured = []  # one list of rows per round
+    for r in range(rounds):
+        measured.append([measure(name, path, n) for name in (("cem_v2",) if args.quick else METHODS)
+                         for path in PATHS["mlp" if name.startswith("mlp") else "attention"]])
+        print(f"round {r + 1} of {rounds} done", flush=True)
+    rows = smallest(measured)
+    for row in rows:
+        print(f"{row['method']:14s} {row['path']:21s} fwd+bwd {row['full_us']:7.1f} us  without "
+              f"launches {row['without_launches_us']:7.1f}  launches {row['launches_us']:7.1f} "
+              f"({row['launches_per_call']})", flush=True)
+    floor = min(round(floor_us(n), 1) for _ in range(rounds))
     print(f"floor (an autograd.Function that only allocates): {floor} us")
     layers = next(r["bwd_launch_layers_us"] for r in rows if "bwd_launch_layers_us" in r)
     print("one bwd launch, us:", layers)
@@ -335,7 +357,9 @@ def main(argv=None):
               % n if args.quick else
               "host (CPU) time of one attention forward+backward up to the driver's launch: "
               "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
-              "d=64, bf16); one torch thread; medians of %d calls" % n),
+              "d=64, bf16); one torch thread; each number the smallest of %d rounds' medians "
+              "of %d calls (the rounds spread over the run: a burst of load on the machine "
+              "raises one round, not the result)" % (rounds, n)),
         quick=args.quick, rows=rows, floor_us=floor)
     write_json(payload, default, args.out, args.replace)
     return payload

@@ -192,6 +192,14 @@ def test_host_overhead_script_runs(tmp_path):
     assert set(layers) >= {"autotuner_and_jit", "cached_choice_and_jit", "cached_choice_and_direct",
                            "jit_run", "direct_launch", "binder"}
     assert d["floor_us"] > 0
+    # rounds combine number by number, the smallest of each (nested too); the rest kept
+    code = ("import json, host_overhead as h; print(json.dumps(h.smallest([[{'a': 1.0, 'b': "
+            "{'c': 2.0}, 'm': 'x', 'n': 3}], [{'a': 0.5, 'b': {'c': 3.0}, 'm': 'x', 'n': 3}]])))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "0",
+                                                    "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == [{"a": 0.5, "b": {"c": 2.0}, "m": "x", "n": 3}]
 
 
 def test_first_call_script_runs(tmp_path):
