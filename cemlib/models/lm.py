@@ -24,7 +24,7 @@ from cemlib.layers.llama import LlamaAttention, SwiGLU
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.reuse import IncrementDropout, LayerReuse, ResidualSublayer
 from cemlib.models.generation import GenerationMixin
-from cemlib.utils import check_positive_int
+from cemlib.utils import check_positive_int, check_token_ids
 
 __all__ = ["LMConfig", "LanguageModel", "default_d_ff"]
 
@@ -256,10 +256,7 @@ class LanguageModel(GenerationMixin, nn.Module):
                              f"{cfg.context_length}")
         # the token-id range check stays on with check_finite=False (it is cheap; only skipped
         # while torch.compile traces the model, where it would break the graph)
-        if idx.numel() and not torch.compiler.is_compiling() \
-                and (idx.min() < 0 or idx.max() >= cfg.vocab_size):
-            raise ValueError(f"token ids must be in [0, {cfg.vocab_size}), got range "
-                             f"[{int(idx.min())}, {int(idx.max())}]")
+        check_token_ids(idx, cfg.vocab_size)
         x = self.drop(self.tok_emb(idx))
         for block in self.blocks:
             x = block(x)
