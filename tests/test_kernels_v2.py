@@ -403,6 +403,24 @@ def test_compiled_cem_model_on_the_kernel_path_has_no_graph_break():
 
 # ------------------------------------------------------------------------------ launch counts
 
+def test_the_autotuner_times_each_configuration_for_autotune_rep_ms(monkeypatch):
+    """The autotuner's timing of a configuration is ``do_bench`` with ``AUTOTUNE_REP_MS`` of
+    repetitions (25 by default; Triton's own benchmarker takes 100 plus 25 of warm-up, about 3 s
+    per kernel and kind of call on a space of 26). Failing input: a tuner built without the
+    option times with the driver's benchmarker (its ``do_bench`` is not ``v2._timed``)."""
+    tuner = v2._tuner("fwd", v2._fwd_kernel, "fwd", 64)
+    assert tuner.do_bench is v2._timed
+    assert len(tuner.configs) == len(v2.GPU_CONFIGS["fwd"][64])
+    seen = []
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, warmup, rep, quantiles: seen.append((warmup, rep, quantiles)))
+    monkeypatch.setattr(v2, "AUTOTUNE_REP_MS", 40.0)
+    v2._timed(lambda: None, quantiles=(0.5, 0.2, 0.8))
+    assert seen == [(8.0, 40.0, (0.5, 0.2, 0.8))]
+    plain = triton.autotune([triton.Config({"BLOCK_M": 16})], key=["L"])(v2._fwd_kernel)
+    assert plain._do_bench is None  # (the failing input: Triton's own benchmarker, chosen later)
+
+
 def test_autotuned_launches_consult_the_tuner_once_per_signature(monkeypatch):
     """On a GPU, every autotuned launch used to go through ``triton.autotune``'s ``run``, which
     rebuilds its key from every argument (about 20 us of host time per launch,

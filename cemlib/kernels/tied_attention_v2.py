@@ -65,7 +65,7 @@ and for any dtype with the ``"triton"`` backend). In eager mode the call is one 
 as two opaque ``torch.library`` custom ops (no graph break, no tracing into Triton). First order
 only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
 The autotuner times every configuration at the first call of each power-of-two bucket of the
-sequence length (not at every new length). ``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead
+sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each. ``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead
 of autotuning, the first configuration of each kernel's space that the GPU can run (the H100's
 default on an H100; on a GPU with less shared memory per block the first that loads there);
 :func:`use_configs` forces configurations.
@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 from typing import Optional
 
@@ -93,6 +94,12 @@ AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
 #: compile an autotune space's configurations in parallel threads before the autotuner times them
 #: (``CEMLIB_PARALLEL_COMPILE=0``: one after another, inside the autotuner, as Triton does)
 PARALLEL_COMPILE = os.environ.get("CEMLIB_PARALLEL_COMPILE", "1") != "0"
+#: milliseconds of repetitions with which the autotuner times each configuration (and a fifth of
+#: that of warm-up): Triton's default, 100 (and 25), spends about 3 s per kernel and kind of call
+#: on a space of 26 configurations, 15-20 s at the first call of the default layer; a kernel of
+#: these shapes runs 0.02-1 ms, so 25 ms still takes the median of 25-1000 runs
+#: (``CEMLIB_AUTOTUNE_REP_MS``)
+AUTOTUNE_REP_MS = float(os.environ.get("CEMLIB_AUTOTUNE_REP_MS", "25"))
 _atomic_dq = [os.environ.get("CEMLIB_ATOMIC_DQ", "0") == "1"]
 
 __all__ = ["tied_attention", "covers", "forward", "backward", "GPU_CONFIGS",
@@ -1098,8 +1105,23 @@ def _tuner(name, kernel, table, block_d):
         # the run that counts (in the walk variant DQA is dq itself, overwritten anyway)
         reset = ["DQA"] if name == "bwd" else None
         _tuners[key] = triton.autotune(configs, key=[k for k in _TUNE_KEYS if k in names],
-                                       reset_to_zero=reset)(kernel)
+                                       reset_to_zero=reset, **_bench_option())(kernel)
     return _tuners[key]
+
+
+def _timed(kernel_call, quantiles):
+    """The autotuner's timing of one configuration: ``triton.testing.do_bench`` with
+    :data:`AUTOTUNE_REP_MS` of repetitions (Triton clears the L2 cache before each)."""
+    return triton.testing.do_bench(kernel_call, warmup=max(1.0, AUTOTUNE_REP_MS / 5),
+                                   rep=AUTOTUNE_REP_MS, quantiles=quantiles)
+
+
+def _bench_option() -> dict:
+    """``triton.autotune``'s keyword for :func:`_timed`: ``do_bench`` where this Triton takes
+    one (3.6 and 3.9 do), else its older ``warmup``/``rep``."""
+    if "do_bench" in inspect.signature(triton.autotune).parameters:
+        return {"do_bench": _timed}
+    return {"warmup": max(1, round(AUTOTUNE_REP_MS / 5)), "rep": max(1, round(AUTOTUNE_REP_MS))}
 
 
 # ------------------------------------------------------------------------------------ host code
