@@ -65,10 +65,10 @@ and for any dtype with the ``"triton"`` backend). In eager mode the call is one 
 as two opaque ``torch.library`` custom ops (no graph break, no tracing into Triton). First order
 only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
 The autotuner times every configuration at the first call of each power-of-two bucket of the
-sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each. ``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead
-of autotuning, the first configuration of each kernel's space that the GPU can run (the H100's
-default on an H100; on a GPU with less shared memory per block the first that loads there);
-:func:`use_configs` forces configurations.
+sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each.
+``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead of autotuning, the first configuration of
+each kernel's space that the GPU can run (the H100's default on an H100; on a GPU with less shared
+memory per block the first that loads there); :func:`use_configs` forces configurations.
 """
 
 from __future__ import annotations
