@@ -1005,8 +1005,8 @@ def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None)
     ``benchmarks/host_overhead.py``), which at T <= 1024 is time the GPU waits for. The choice
     is kept per power-of-two bucket of the length (:func:`_length_bucket`): the autotuner keys
     on the exact length and would time every configuration again for each new one (generation
-    and evaluation at varying lengths: tens of configurations per kernel, each timed for about
-    0.1 s). On CUDA the launch itself skips Triton's per-call specialization
+    and evaluation at varying lengths: tens of configurations per kernel, each timed for
+    :data:`AUTOTUNE_REP_MS`). On CUDA the launch itself skips Triton's per-call specialization
     (:mod:`cemlib.kernels.direct_launch`)."""
     table = table or name
     cfg = _select(name, device, block_d, table)
