@@ -3,13 +3,15 @@ stage, each stage's JSON written as soon as the stage ends.
 
 Stages, in order (``--stage`` picks some), each with a time budget in seconds (``--budget``):
 
-``correctness`` (70)
+``correctness`` (90)
     bf16 and fp16 against the float64 reference with the FlashAttention criterion (a result's
     error at most twice the same-dtype PyTorch reference's, plus a floor), output and every
     gradient: CEM attention v1 and v2 (ALiBi, self/cross biases; and the default layer's call
     with the shared diagonal), the tied MLP step v2 and v1; v2 with direct launches against v2
-    through Triton's launch path (bit for bit); and whether a CEM attention and MLP layer's
-    forward+backward makes a synchronising CUDA call (``torch.cuda.set_sync_debug_mode``).
+    through Triton's launch path (bit for bit); every configuration of every v2 autotune space
+    (tiles, warps, stages), one kernel at a time (``every_config_v2``); and whether a CEM
+    attention and MLP layer's forward+backward makes a synchronising CUDA call
+    (``torch.cuda.set_sync_debug_mode``).
 ``autotune`` (100)
     ``triton.testing.do_bench`` sweeps: every ``triton.autotune`` of the attention v2 module, run
     at each T of the timing table (the configurations' timings as Triton measured them), and the
@@ -83,7 +85,7 @@ import train_step  # noqa: E402
 from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
 
 STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
-BUDGET_S = {"correctness": 70, "autotune": 100, "attention": 110, "profile": 40, "mlp": 75,
+BUDGET_S = {"correctness": 90, "autotune": 100, "attention": 110, "profile": 40, "mlp": 75,
             "train": 180}
 TOTAL_S = 570
 MLP_TIME_TARGET, MLP_MEMORY_TARGET = 1.0, bench_mlp.MEMORY_TARGET
@@ -97,6 +99,7 @@ SETTINGS = {
                  "cem_diag_v2", "cem_diag_v2_atomic"),
         check_attention=[(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)],
         check_diag=[(2, 4, 200, 64)], check_mlp=[(37, 96, 200), (512, 768, 2048)],
+        check_every_config=(2, 4, 200, 64), every_config_limit=None,
         profile_Ts=[512, 1024], profile_iters=10,
         sweep_n=8192 * 3072, sweep_blocks=(512, 1024, 2048, 4096), sweep_warps=(1, 2, 4, 8),
         sweep_rep=25,
@@ -109,6 +112,7 @@ SETTINGS = {
         methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_diag_v1",
                  "cem_diag_v2_atomic"),
         check_attention=[(1, 2, 13, 16)], check_diag=[(1, 2, 9, 16)], check_mlp=[(5, 12, 40)],
+        check_every_config=(1, 2, 40, 16), every_config_limit=2,
         profile_Ts=[16], profile_iters=2,
         sweep_n=4096, sweep_blocks=(1024, 4096), sweep_warps=(4,), sweep_rep=2,
         mlp=dict(N=32, widths=[16]),
@@ -206,9 +210,71 @@ def correctness(s, device, deadline):
                 record(f"mlp_{impl}", [N, Dh, Dv], dtype, lambda fn=fn, inputs=inputs:
                        flash_criterion(fn, reference.tied_gated_mlp_step, inputs, {}, dtype,
                                        ["y", "du", "dV", "dgamma"]))
+    if availability.get("attention_v2", {}).get("available"):
+        every = every_config_check(device, s["dtypes"][0], s["check_every_config"],
+                                   s["every_config_limit"], deadline)
+        checks.append(dict(check="every_config_v2", shape=list(s["check_every_config"]),
+                           dtype=str(s["dtypes"][0]), **every))
+        print("every_config_v2", every["passed"], f"{every['checked']} configurations",
+              flush=True)
     return {"checks": checks, "implementations": availability,
             "passed": all(c.get("passed", True) for c in checks),
             "sync": sync_check(device)}
+
+
+def every_config_check(device, dtype, shape, limit, deadline) -> dict:
+    """Every configuration of every v2 autotune space at head width 64 (``GPU_CONFIGS``: tiles,
+    warps and stages; the atomic-dq backward's too), one kernel at a time, on the call that
+    runs all six kernels (ALiBi, self/cross biases, the shared pair with head-summed values),
+    against float64 with the FlashAttention criterion. The interpreter checks every tile size
+    (``tests/test_kernels_v2.py``) but ignores warps and stages, which change the compiled code;
+    a GPU run otherwise checks only what its autotuner chose. One autotuned call first compiles
+    the spaces (in parallel); each configuration then launches from Triton's cache. ``limit``:
+    the first configurations of each space only (the dry run)."""
+    from cemlib.kernels import tied_attention_v2 as v2
+    B, K, L, D = shape
+    g = torch.Generator(device=device).manual_seed(5)
+    q, kv = torch.randn(2, B, K, L, D, generator=g, device=device, dtype=torch.float64)
+    qe, ke = 0.3 * torch.randn(2, B, L, K * D, generator=g, device=device, dtype=torch.float64)
+    sb, cb = torch.randn(2, K, generator=g, device=device, dtype=torch.float64)
+    kw = dict(scale=D ** -0.5, alibi=reference.alibi_slopes(K).to(device), extra_values=True,
+              extra_head_sum=True)
+    names = ["o", "lse", "o_extra", "dq", "dkv", "dq_extra", "dk_extra", "dself", "dcross"]
+    inputs = [q, kv, qe, ke, sb, cb]
+
+    def call(fn, atomic=False):
+        extra = {"atomic_dq": atomic} if fn is v2.tied_attention else {}
+        return lambda q, kv, qe, ke, sb, cb, **k: fn(q, kv, q_extra=qe, k_extra=ke,
+                                                    self_bias=sb, cross_bias=cb, **k, **extra)
+    low = [x.to(dtype) for x in inputs]
+    exact = _outputs_and_grads(call(reference.tied_attention), [x.double() for x in low], kw)
+    same = [_rel_err(r, e) for r, e in zip(_outputs_and_grads(
+        call(reference.tied_attention), low, kw), exact)]
+    _outputs_and_grads(call(v2.tied_attention), low, kw)              # compiles the spaces
+    _outputs_and_grads(call(v2.tied_attention, True), low, kw)
+    rows = []
+    spaces = [(n, n, False) for n in ("fwd", "pre", "bwd", "headsum", "extra_grads")]
+    spaces.append(("bwd", "bwd_atomic", True))
+    for name, table, atomic in spaces:
+        configs = v2._gpu_configs(table, 64)[:limit]
+        for i, cfg in enumerate(configs):
+            if time.monotonic() > deadline:
+                rows.append(dict(space=table, index=i, skipped="out of the stage's time budget"))
+                continue
+            cfg = {k: v for k, v in cfg.items() if device.type == "cuda" or k.startswith("BLOCK")}
+            try:
+                with v2.use_configs(**{name: cfg}):
+                    got = _outputs_and_grads(call(v2.tied_attention, atomic), low, kw)
+                errors = [_rel_err(a, e) for a, e in zip(got, exact)]
+                bad = [n for n, ea, er in zip(names, errors, same) if not ea <= 2 * er + 1e-3]
+                rows.append(dict(space=table, index=i, config=cfg, passed=not bad, failed=bad,
+                                 worst_error=max(errors)))
+            except Exception as err:  # a configuration that fails is a result
+                rows.append(dict(space=table, index=i, config=cfg, passed=False,
+                                 error=f"{type(err).__name__}: {err}"[:300]))
+    checked = [r for r in rows if "passed" in r]
+    return {"passed": all(r["passed"] for r in checked), "checked": len(checked),
+            "skipped": len(rows) - len(checked), "floor": 1e-3, "configurations": rows}
 
 
 def direct_launch_check(device, dtype, shape) -> dict:

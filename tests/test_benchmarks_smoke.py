@@ -70,6 +70,10 @@ def test_gpu_script_dry_run(tmp_path):
     assert c["passed"] and c["implementations"]["attention_v1"]["available"]
     assert {x["check"] for x in c["checks"]} >= {"attention_v1", "attention_diag_v1", "mlp_v2",
                                                  "mlp_v1", "direct_launch_v2"}
+    every = next(x for x in c["checks"] if x["check"] == "every_config_v2")
+    assert every["passed"] and every["checked"] == 12 and every["skipped"] == 0  # 6 spaces x 2
+    assert {x["space"] for x in every["configurations"]} == {"fwd", "pre", "bwd", "headsum",
+                                                             "extra_grads", "bwd_atomic"}
     direct = next(x for x in c["checks"] if x["check"] == "direct_launch_v2")
     assert direct["passed"] and not direct["direct_used"]   # the interpreter: Triton's own path
     assert files["autotune"]["mlp_elementwise"]["best"]
