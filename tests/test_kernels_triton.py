@@ -246,6 +246,35 @@ def test_gated_mlp_step_matches_reference(case, dtype, impl):
             assert rel_err(a_, e) <= 2 * rel_err(r, e) + 1e-3, i
 
 
+@pytest.mark.parametrize("u_shape,gamma_shape", [
+    ((7, 6), (7, 10)),        # 2-D operands: passed on without reshaping
+    ((7, 6), (10,)),          # gamma broadcast to the rows
+    ((7, 6), (1, 10)),
+    ((2, 3, 6), (10,)),       # leading dimensions flattened, gamma broadcast
+    ((2, 3, 6), (2, 1, 10)),
+    ((6,), (10,)),            # one vector
+])
+def test_gated_mlp_v2_step_shapes_and_a_strided_cotangent(u_shape, gamma_shape):
+    """The v2 entry point's shape handling (2-D operands go through without a reshape, other
+    shapes are flattened and ``gamma`` broadcast) and a cotangent that is not contiguous (the
+    backward of ``y.sum()`` is an expanded tensor of stride 0): output and every gradient
+    against the float64 reference, float32 to 1e-5."""
+    g = torch.Generator().manual_seed(9)
+    base = [torch.randn(u_shape, generator=g, dtype=torch.float64),
+            torch.randn(10, 6, generator=g, dtype=torch.float64) / 6 ** 0.5,
+            torch.randn(gamma_shape, generator=g, dtype=torch.float64)]
+    results = []
+    for fn, dt in ((gated_mlp_triton.tied_gated_mlp_step, torch.float32),
+                   (reference.tied_gated_mlp_step, torch.float64)):
+        xs = [x.to(dt).to(DEVICE).requires_grad_() for x in base]
+        y = fn(*xs)
+        y.sum().backward()
+        results.append([y] + [x.grad for x in xs])
+    for got, exact in zip(*results):
+        assert got.shape == exact.shape
+        assert rel_err(got, exact) < 1e-5
+
+
 @pytest.mark.parametrize("impl", list(MLP_STEPS))
 def test_gated_mlp_step_gradcheck_float64(impl):
     g = torch.Generator().manual_seed(4)

@@ -5,7 +5,7 @@ Tied gated-MLP step (CEM [arXiv] eq. 10 = [ICLR] eq. 10 with phi' = SiLU, tied a
     y = V^T (gamma * SiLU(V u)),   u (N, D_h), V (D_v, D_h), gamma (N, D_v)
 
 **v2 (what :mod:`cemlib.kernels.dispatch` uses), Liger-Kernel style.** The four matrix
-products of a training step stay cuBLAS GEMMs (``torch.matmul``); Triton fuses only the
+products of a training step stay cuBLAS GEMMs (``torch.mm``, ``F.linear``); Triton fuses only the
 element-wise work, one read of each operand and one write of each result:
 
     forward:   h = u V^T (GEMM),  a = gamma * SiLU(h) (``_silu_gate_kernel``),  y = a V (GEMM)
@@ -55,9 +55,11 @@ gradient with respect to ``g`` is the same kernel applied to the output gradient
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -250,13 +252,32 @@ def _silu_gate_bwd_kernel(H, G, DA, DG, n, ACC: tl.constexpr, BLOCK: tl.constexp
 def _elementwise(kernel, n, *args, dtype, config=None):
     """Launch an element-wise kernel over ``n`` entries with ``config`` (default
     :data:`ELEMENTWISE`); ``num_warps`` is left out under the interpreter."""
-    config = dict(ELEMENTWISE if config is None else config)
     if n == 0:
         return
+    block, kw = _launch_options(dtype) if config is None else _options(dtype, config)
+    direct_launch.launch(kernel, (-(-n // block),), (*args, n), kw,
+                         args[0].is_cuda and not INTERPRET)
+
+
+def _options(dtype, config) -> tuple[int, dict]:
+    """``(BLOCK, the launch's keyword arguments)`` for ``config`` in ``dtype``."""
+    kw = dict(config, ACC=_acc(dtype))
     if INTERPRET:
-        config.pop("num_warps", None)
-    direct_launch.launch(kernel, (-(-n // config["BLOCK"]),), (*args, n),
-                         dict(ACC=_acc(dtype), **config), args[0].is_cuda and not INTERPRET)
+        kw.pop("num_warps", None)
+    return kw["BLOCK"], kw
+
+
+_default_options: dict = {}  # dtype -> _options(dtype, ELEMENTWISE), built once per dtype
+
+
+def _launch_options(dtype) -> tuple[int, dict]:
+    """:func:`_options` of :data:`ELEMENTWISE`, kept per dtype (the step launches three times a
+    call; a fresh dictionary each time is host time at small widths). The dictionary is passed
+    to every launch and never modified."""
+    options = _default_options.get(dtype)
+    if options is None:
+        options = _default_options[dtype] = _options(dtype, ELEMENTWISE)
+    return options
 
 
 def _check_same(*ts):
@@ -287,35 +308,47 @@ def silu_gate_backward(h: Tensor, gamma: Tensor, da: Tensor, config=None) -> Ten
 
 
 def _on_device(t: Tensor):
-    from cemlib.kernels.ops import _on_device as on_device  # Triton launches on the current GPU
-    return on_device(t)
+    """Launch on ``t``'s GPU (Triton launches on the current CUDA device)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+# Inside the step the element-wise operands are contiguous and of one shape and dtype by
+# construction (``h``, ``da`` and the outputs come from ``torch.mm`` and ``empty_like``,
+# ``gamma`` is made contiguous (N, D_v) by the entry point), so the step launches without
+# :func:`silu_gate`'s checks.
+
+def _gate(h: Tensor, gamma: Tensor, out: Tensor) -> Tensor:
+    _elementwise(_silu_gate_kernel, h.numel(), h, gamma, out, dtype=h.dtype)
+    return out
 
 
 def _forward(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
-    """``(y, h)``: the step and ``h = u V^T``, kept for the backward."""
+    """``(y, h)``: the step and ``h = u V^T``, kept for the backward; ``gamma`` contiguous."""
     with _on_device(u):
-        h = u @ V.T
-        y = silu_gate(h, gamma.contiguous()) @ V
+        h = F.linear(u, V)
+        y = torch.mm(_gate(h, gamma, torch.empty_like(h)), V)
     return y, h
 
 
 def _backward(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor, h: Tensor):
-    """``(du, dV, dgamma)`` from the saved ``u, V, gamma, h``; writes into no saved tensor."""
-    gamma = gamma.contiguous()
+    """``(du, dV, dgamma)`` from the saved ``u, V, gamma, h`` (``gamma`` contiguous); writes
+    into no saved tensor."""
     with _on_device(u):
-        d = dy @ V.T                                # da; becomes dh, then a
-        dgamma = silu_gate_backward(h, gamma, d)
-        du = d @ V
-        dV = d.T @ u
-        silu_gate(h, gamma, out=d)                  # a = gamma * SiLU(h), recomputed
-        dV.addmm_(d.T, dy)
+        d = F.linear(dy, V)                         # da; becomes dh, then a
+        dgamma = torch.empty_like(h)
+        _elementwise(_silu_gate_bwd_kernel, h.numel(), h, gamma, d, dgamma, dtype=h.dtype)
+        du = torch.mm(d, V)
+        dt = d.t()
+        dV = torch.mm(dt, u)
+        _gate(h, gamma, d)                          # a = gamma * SiLU(h), recomputed
+        dV.addmm_(dt, dy)
     return du, dV, dgamma
 
 
 def _inference(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
     with _on_device(u):
-        h = u @ V.T
-        return silu_gate(h, gamma.contiguous(), out=h) @ V  # a overwrites h: nothing to save
+        h = F.linear(u, V)
+        return torch.mm(_gate(h, gamma, h), V)     # a overwrites h: nothing to save
 
 
 class _TiedMLPStep(torch.autograd.Function):
@@ -389,12 +422,16 @@ def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
     broadcast to them. Without autograd (no input requires grad, or grad mode off) the gate
     product overwrites ``h``, so the step holds one (N, D_v) buffer instead of two. Shapes are
     not validated here (:mod:`cemlib.kernels.dispatch` does)."""
+    _check_interpreter_dtype(u)
     lead, Dh, Dv = u.shape[:-1], u.shape[-1], V.shape[0]
-    gamma = gamma.expand(*lead, Dv).reshape(-1, Dv)
-    u = u.reshape(-1, Dh)
+    if gamma.shape[:-1] != lead:
+        gamma = gamma.expand(*lead, Dv)
+    if u.dim() != 2:  # (2-D operands pass as they are: a reshape is an operator of host time)
+        gamma, u = gamma.reshape(-1, Dv), u.reshape(-1, Dh)
+    gamma = gamma.contiguous()
     grad = torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad)
     if torch.compiler.is_compiling():  # opaque custom ops: no graph break, no tracing into Triton
         y = _step_fwd(u, V, gamma)[0] if grad else _step_infer(u, V, gamma)
     else:
         y = _TiedMLPStep.apply(u, V, gamma) if grad else _inference(u, V, gamma)
-    return y.reshape(*lead, Dh)
+    return y if len(lead) == 1 else y.reshape(*lead, Dh)
