@@ -30,7 +30,9 @@ the tied gated-MLP step v2, 16 tokens, D_h = 16, D_v = 64, float32) and per path
   change;
 - ``custom_ops`` (the MLP step): its ``torch.library`` custom operators called in eager mode and
   every launch through Triton's path, as before the step got an ``autograd.Function`` for eager
-  mode (the custom operators now serve ``torch.compile`` only).
+  mode (the custom operators now serve ``torch.compile`` only);
+- ``eager_reference`` (the MLP step): PyTorch's own operators, the eager baseline the step is
+  timed against on a GPU (``cemlib.kernels.reference.tied_gated_mlp_step``; no Triton launch).
 
 Columns (each the smallest of :data:`ROUNDS` rounds' medians, rounds spread over the run): median
 microseconds of one forward+backward (``full_us``), the same with every Triton
@@ -137,15 +139,15 @@ def median_us(fn, n, reset=()):
 def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="cemlib"):
     """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it (the
     tied MLP step: ``path="custom_ops"`` calls its ``torch.library`` operators, the eager path
-    before this benchmark's changes)."""
+    before this benchmark's changes; ``"eager_reference"`` PyTorch's operators)."""
     g = torch.Generator().manual_seed(0)
     if name == "mlp_v2":  # float32: the CPU's bf16 GEMMs would add arithmetic, even this small
         u, dy = (torch.randn(T, 16, generator=g) for _ in range(2))
         V = torch.randn(64, 16, generator=g)
         gamma = torch.randn(T, 64, generator=g)
         leaves = [t.clone().requires_grad_() for t in (u, V, gamma)]
-        step = ((lambda *xs: gm._step_fwd(*xs)[0]) if path == "custom_ops"
-                else gm.tied_gated_mlp_step)
+        step = {"custom_ops": lambda *xs: gm._step_fwd(*xs)[0],
+                "eager_reference": reference.tied_gated_mlp_step}.get(path, gm.tied_gated_mlp_step)
 
         def call():
             step(*leaves).backward(dy)
@@ -203,7 +205,7 @@ def floor_us(n, B=1, H=12, T=16, d=64):
 
 
 PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner"),
-         "mlp": ("cemlib", "custom_ops")}
+         "mlp": ("cemlib", "custom_ops", "eager_reference")}
 
 
 def measure(name, path, n):
