@@ -211,12 +211,9 @@ def correctness(s, device, deadline):
                        flash_criterion(fn, reference.tied_gated_mlp_step, inputs, {}, dtype,
                                        ["y", "du", "dV", "dgamma"]))
     if availability.get("attention_v2", {}).get("available"):
-        every = every_config_check(device, s["dtypes"][0], s["check_every_config"],
-                                   s["every_config_limit"], deadline)
-        checks.append(dict(check="every_config_v2", shape=list(s["check_every_config"]),
-                           dtype=str(s["dtypes"][0]), **every))
-        print("every_config_v2", every["passed"], f"{every['checked']} configurations",
-              flush=True)
+        record("every_config_v2", list(s["check_every_config"]), s["dtypes"][0],
+               lambda: every_config_check(device, s["dtypes"][0], s["check_every_config"],
+                                          s["every_config_limit"], deadline))
     return {"checks": checks, "implementations": availability,
             "passed": all(c.get("passed", True) for c in checks),
             "sync": sync_check(device)}
