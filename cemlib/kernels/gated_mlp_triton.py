@@ -55,7 +55,6 @@ gradient with respect to ``g`` is the same kernel applied to the output gradient
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -67,6 +66,7 @@ from torch.autograd.function import once_differentiable
 from torch.library import custom_op
 
 from cemlib.kernels import direct_launch
+from cemlib.kernels.ops import _on_device  # Triton launches on the current CUDA device
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -305,11 +305,6 @@ def silu_gate_backward(h: Tensor, gamma: Tensor, da: Tensor, config=None) -> Ten
     _elementwise(_silu_gate_bwd_kernel, h.numel(), h, gamma, da, dgamma, dtype=h.dtype,
                  config=config)
     return dgamma
-
-
-def _on_device(t: Tensor):
-    """Launch on ``t``'s GPU (Triton launches on the current CUDA device)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 # Inside the step the element-wise operands are contiguous and of one shape and dtype by
