@@ -145,14 +145,21 @@ def flash_criterion(fn, ref, inputs, kwargs, dtype, names, floor=1e-3) -> dict:
     gradient (``names``), and whether ``fn``'s is at most twice ``ref``'s plus ``floor``."""
     low = [x.to(dtype) for x in inputs]
     got = _outputs_and_grads(fn, low, kwargs)
-    same = _outputs_and_grads(ref, low, kwargs)
     exact = _outputs_and_grads(ref, [x.double() for x in low], kwargs)
+    same = [_rel_err(r, e) for r, e in zip(_outputs_and_grads(ref, low, kwargs), exact)]
+    rows = _criterion_rows(names, got, same, exact, floor)
+    return {"passed": all(r["passed"] for r in rows), "floor": floor, "errors": rows}
+
+
+def _criterion_rows(names, got, reference_errors, exact, floor) -> list[dict]:
+    """Per output or gradient: the error of ``got`` against ``exact`` (float64), the same-dtype
+    reference's error, and whether the first is at most twice the second plus ``floor``."""
     rows = []
-    for name, a, r, e in zip(names, got, same, exact):
-        ea, er = _rel_err(a, e), _rel_err(r, e)
+    for name, a, er, e in zip(names, got, reference_errors, exact):
+        ea = _rel_err(a, e)
         rows.append(dict(name=name, kernel_error=ea, reference_error=er,
                          passed=ea <= 2 * er + floor))
-    return {"passed": all(r["passed"] for r in rows), "floor": floor, "errors": rows}
+    return rows
 
 
 def correctness(s, device, deadline):
@@ -262,10 +269,10 @@ def every_config_check(device, dtype, shape, limit, deadline) -> dict:
             try:
                 with v2.use_configs(**{name: cfg}):
                     got = _outputs_and_grads(call(v2.tied_attention, atomic), low, kw)
-                errors = [_rel_err(a, e) for a, e in zip(got, exact)]
-                bad = [n for n, ea, er in zip(names, errors, same) if not ea <= 2 * er + 1e-3]
+                errors = _criterion_rows(names, got, same, exact, 1e-3)
+                bad = [e["name"] for e in errors if not e["passed"]]
                 rows.append(dict(space=table, index=i, config=cfg, passed=not bad, failed=bad,
-                                 worst_error=max(errors)))
+                                 worst_error=max(e["kernel_error"] for e in errors)))
             except Exception as err:  # a configuration that fails is a result
                 rows.append(dict(space=table, index=i, config=cfg, passed=False,
                                  error=f"{type(err).__name__}: {err}"[:300]))
@@ -565,17 +572,23 @@ def graphed_call_ms(fn, iters):
 def profile_ratios(rows) -> dict:
     """Per T, CEM v2 (walk and atomic) over SDPA untied: wall time, GPU kernel time, and the
     time of the call replayed from a CUDA graph (where measured)."""
+    return _profiled_ratios(rows, "T", "sdpa_untied", lambda m: m.startswith("cem_v2"))
+
+
+def _profiled_ratios(rows, size, base, compared) -> dict:
+    """``{"<method> / <base> <size>=<value>": {"wall": .., "kernel": .., "graphed": ..}}`` for
+    the profiled ``rows`` of each method where ``compared(method)``, against the ``base``
+    method's row of the same ``size`` (a column only where both rows have it)."""
     out = {}
-    by = {(r["method"], r["T"]): r for r in rows if "wall_ms" in r}
-    for (method, T), r in by.items():
-        base = by.get(("sdpa_untied", T))
-        if not method.startswith("cem_v2") or base is None:
+    by = {(r["method"], r[size]): r for r in rows if "wall_ms" in r}
+    for (method, value), r in by.items():
+        ref = by.get((base, value))
+        if not compared(method) or ref is None:
             continue
-        ratio = {}
-        for col in ("wall_ms", "kernel_ms", "graphed_ms"):
-            if r.get(col) and base.get(col):
-                ratio[col.replace("_ms", "")] = r[col] / base[col]
-        out[f"{method} / sdpa_untied T={T}"] = ratio
+        out[f"{method} / {base} {size}={value}"] = {
+            col.replace("_ms", ""): r[col] / ref[col] for col in ("wall_ms", "kernel_ms",
+                                                                  "graphed_ms")
+            if r.get(col) and ref.get(col)}
     return out
 
 
@@ -620,16 +633,8 @@ def mlp_profile(s, device, dtype, deadline) -> dict:
                              dtype=str(dtype), **profiled_call(fns["fwd_bwd"], iters, device,
                                                                graphed=True)))
             _print_profile("mlp profile", name, Dh, rows[-1])
-    by = {(r["method"], r["D_h"]): r for r in rows if "wall_ms" in r}
-    ratios = {}
-    for (name, Dh), r in by.items():
-        base = by.get(("eager", Dh))
-        if name == "v2" and base is not None:
-            ratios[f"v2 / eager D_h={Dh}"] = {
-                col.replace("_ms", ""): r[col] / base[col] for col in ("wall_ms", "kernel_ms",
-                                                                       "graphed_ms")
-                if r.get(col) and base.get(col)}
-    return {"iters": iters, "rows": rows, "ratios": ratios}
+    return {"iters": iters, "rows": rows,
+            "ratios": _profiled_ratios(rows, "D_h", "eager", lambda m: m == "v2")}
 
 
 def train(s, device, deadline):

@@ -355,13 +355,11 @@ def main(argv=None):
         command=command_line(__file__, argv),
         note=("host (CPU) time of one attention forward+backward up to the driver's launch: "
               "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
-              "d=64, bf16); one torch thread; medians of %d calls; quick run: not a result"
-              % n if args.quick else
-              "host (CPU) time of one attention forward+backward up to the driver's launch: "
-              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
-              "d=64, bf16); one torch thread; each number the smallest of %d rounds' medians "
-              "of %d calls (the rounds spread over the run: a burst of load on the machine "
-              "raises one round, not the result)" % (rounds, n)),
+              "d=64, bf16); one torch thread; "
+              + ("medians of %d calls; quick run: not a result" % n if args.quick else
+                 "each number the smallest of %d rounds' medians of %d calls (the rounds spread "
+                 "over the run: a burst of load on the machine raises one round, not the result)"
+                 % (rounds, n))),
         quick=args.quick, rows=rows, floor_us=floor)
     write_json(payload, default, args.out, args.replace)
     return payload

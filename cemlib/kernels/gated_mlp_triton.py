@@ -293,8 +293,7 @@ def silu_gate(h: Tensor, gamma: Tensor, out: Tensor | None = None, config=None) 
     _check_interpreter_dtype(h)
     out = torch.empty_like(h) if out is None else out
     _check_same(h, gamma, out)
-    _elementwise(_silu_gate_kernel, h.numel(), h, gamma, out, dtype=h.dtype, config=config)
-    return out
+    return _gate(h, gamma, out, config)
 
 
 def silu_gate_backward(h: Tensor, gamma: Tensor, da: Tensor, config=None) -> Tensor:
@@ -302,19 +301,23 @@ def silu_gate_backward(h: Tensor, gamma: Tensor, da: Tensor, config=None) -> Ten
     _check_interpreter_dtype(h)
     dgamma = torch.empty_like(h)
     _check_same(h, gamma, da, dgamma)
+    return _gate_backward(h, gamma, da, dgamma, config)
+
+
+# The launches behind silu_gate and silu_gate_backward, without their checks: inside the step the
+# element-wise operands are contiguous and of one shape and dtype by construction (``h``, ``da``
+# and the outputs come from ``torch.mm`` and ``empty_like``, ``gamma`` is made contiguous
+# (N, D_v) by the entry point, which also refuses bf16 under the interpreter).
+
+def _gate(h: Tensor, gamma: Tensor, out: Tensor, config=None) -> Tensor:
+    _elementwise(_silu_gate_kernel, h.numel(), h, gamma, out, dtype=h.dtype, config=config)
+    return out
+
+
+def _gate_backward(h: Tensor, gamma: Tensor, da: Tensor, dgamma: Tensor, config=None) -> Tensor:
     _elementwise(_silu_gate_bwd_kernel, h.numel(), h, gamma, da, dgamma, dtype=h.dtype,
                  config=config)
     return dgamma
-
-
-# Inside the step the element-wise operands are contiguous and of one shape and dtype by
-# construction (``h``, ``da`` and the outputs come from ``torch.mm`` and ``empty_like``,
-# ``gamma`` is made contiguous (N, D_v) by the entry point), so the step launches without
-# :func:`silu_gate`'s checks.
-
-def _gate(h: Tensor, gamma: Tensor, out: Tensor) -> Tensor:
-    _elementwise(_silu_gate_kernel, h.numel(), h, gamma, out, dtype=h.dtype)
-    return out
 
 
 def _forward(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
@@ -330,8 +333,7 @@ def _backward(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor, h: Tensor):
     into no saved tensor."""
     with _on_device(u):
         d = F.linear(dy, V)                         # da; becomes dh, then a
-        dgamma = torch.empty_like(h)
-        _elementwise(_silu_gate_bwd_kernel, h.numel(), h, gamma, d, dgamma, dtype=h.dtype)
+        dgamma = _gate_backward(h, gamma, d, torch.empty_like(h))  # d becomes dh
         du = torch.mm(d, V)
         dt = d.t()
         dV = torch.mm(dt, u)

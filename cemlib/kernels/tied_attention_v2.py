@@ -1038,8 +1038,10 @@ def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None)
     if bound is not None and direct_launch.enabled():
         direct_launch.run_bound(bound, grid(best), args)
         return
-    kw = {**meta, **best}  # Triton's launch path; it returns the compiled kernel, kept (bound to
-    compiled = kernel[grid(best)](*args, **kw)  # kw) for the next launches of this key
+    # Triton's launch path; the compiled kernel it returns is kept, bound to ``kw``, for the next
+    # launches of this key
+    kw = {**meta, **best}
+    compiled = kernel[grid(best)](*args, **kw)
     if cuda and direct_launch.enabled() and not kernel.pre_run_hooks:
         entry[1] = direct_launch.bind(compiled, kernel, args, kw)
 
