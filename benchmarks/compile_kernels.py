@@ -46,7 +46,10 @@ kept unless ``--replace``: by default a new file is written beside it, see ``ben
 ``python benchmarks/compile_kernels.py --sweep [--widths 64 128] [--kernels ...]``, and
 ``--merge FILE ...`` to combine sweeps run in parts, and ``python benchmarks/compile_kernels.py
 --fit 75`` to compile the autotune space for a smaller GPU (sm_75: a T4) and see which entries
-load there (``results/compile_kernels_fit_sm75.json``).
+load there (``results/compile_kernels_fit_sm75.json``); ``--dots [--arch ...]`` compiles one
+``tl.dot`` per target and counts its tensor-core and FMA instructions
+(``results/compile_dots.json``: below sm_80 Triton's products run on the FMA units, which is why
+``cemlib.kernels.dispatch`` leaves attention to cuBLAS there).
 Relies on Triton internals (``JITFunction.run(warmup=True)``, ``triton.runtime.driver``),
 checked on Triton 3.9.
 """
@@ -69,6 +72,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret (set befor
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -564,6 +568,54 @@ def _sweep_parts(d: dict) -> list[dict]:
     return out
 
 
+@triton.jit
+def _dot_probe_kernel(a, b, c, M: "tl.constexpr"):
+    """One ``M x M`` matrix product: what the installed Triton emits for ``tl.dot``."""
+    r = tl.arange(0, M)
+    tile = r[:, None] * M + r[None, :]
+    tl.store(c + tile, tl.dot(tl.load(a + tile), tl.load(b + tile)))
+
+
+#: SASS opcodes of a matrix product on the tensor cores, and on the FMA units
+TENSOR_CORE_OPS, FMA_OPS = ("HGMMA", "HMMA"), ("FFMA", "HFMA2")
+
+
+def dot_instructions(archs, dtypes=(torch.float16, torch.bfloat16), M: int = 64) -> list[dict]:
+    """Compile one ``M x M x M`` ``tl.dot`` (fp32 accumulator) for each ``sm_<arch>`` and count the
+    SASS instructions that do its multiply-adds: tensor-core ``HGMMA``/``HMMA`` or FMA-unit
+    ``FFMA``/``HFMA2``. Where ``tensor_cores`` is false, every attention product of the kernels
+    would run on the FMA units (Triton 3.2+ keeps ``mma.sync`` for compute capability 8.0 and
+    above: triton-lang/triton pull request 5066); ``cemlib.kernels.dispatch`` reads the answer
+    from :data:`~cemlib.kernels.dispatch.TENSOR_CORE_DOTS_FROM`."""
+    from triton.compiler import ASTSource
+    names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+    out = []
+    for arch in archs:
+        for dtype in dtypes:
+            src = ASTSource(_dot_probe_kernel, constexprs={"M": M},
+                            signature={"a": f"*{names[dtype]}", "b": f"*{names[dtype]}",
+                                       "c": "*fp32", "M": "constexpr"})
+            try:  # (the bundled CUDA tools may not know an older target)
+                kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                        options=dict(num_warps=4))
+                sass = _cuobjdump(kernel.asm["cubin"], "-sass")
+            except Exception as e:
+                out.append(dict(arch=f"sm_{arch}", dtype=str(dtype), M=M, error=(
+                    f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")))
+                print(f"sm_{arch} {names[dtype]}: {out[-1]['error']}", flush=True)
+                continue
+            ops = collections.Counter(m.group(2).split()[0].split(".")[0]
+                                      for m in map(_INSTRUCTION.match, sass.splitlines()) if m)
+            mma, fma = sum(ops[o] for o in TENSOR_CORE_OPS), sum(ops[o] for o in FMA_OPS)
+            out.append(dict(arch=f"sm_{arch}", dtype=str(dtype), M=M, num_warps=4,
+                            tensor_core_instructions=mma, fma_instructions=fma,
+                            opcodes={o: ops[o] for o in TENSOR_CORE_OPS + FMA_OPS if ops[o]},
+                            tensor_cores=mma > 0))
+            print(f"sm_{arch} {names[dtype]}: {mma} tensor-core and {fma} FMA instructions "
+                  f"for one {M}x{M}x{M} tl.dot", flush=True)
+    return out
+
+
 def _env():
     return dict(triton=triton.__version__, torch=torch.__version__, python=sys.version.split()[0],
                 git_commit=git_commit(HERE),
@@ -598,6 +650,9 @@ def main(argv=None):
     p.add_argument("--fit", type=int, metavar="ARCH",
                    help="compile the v2 autotune space (head width 64, the heaviest call) for "
                         "another GPU, e.g. 75 (T4), in float16: which entries load there")
+    p.add_argument("--dots", action="store_true",
+                   help="compile one tl.dot for each --arch (default 75 80 86 89 90) in fp16 "
+                        "and bf16: tensor cores or FMA units")
     p.add_argument("--case", help="only the cases whose name contains this string")
     p.add_argument("--merge", nargs="+", metavar="FILE",
                    help="combine --sweep files of parts of the kernels into one")
@@ -606,7 +661,8 @@ def main(argv=None):
                                  "file is kept and a new file is written beside it unless --replace)")
     p.add_argument("--replace", action="store_true", help="overwrite the stored default file")
     args = p.parse_args(argv)
-    default = RESULTS / (f"compile_kernels_fit_sm{args.fit}.json" if args.fit else
+    default = RESULTS / ("compile_dots.json" if args.dots else
+                         f"compile_kernels_fit_sm{args.fit}.json" if args.fit else
                          "compile_kernels_sweep.json" if args.sweep or args.merge else
                          "compile_kernels.json")
     announce(default, args.out, args.replace)
@@ -632,6 +688,17 @@ def main(argv=None):
                                  widths=part["widths"], total_compile_s=part["total_compile_s"],
                                  kernels=sorted({r["name"] for r in part["records"]}))
                             for part in kept]
+    elif args.dots:
+        archs = args.arch if "--arch" in (argv if argv is not None else sys.argv) else [
+            75, 80, 86, 89, 90]
+        records = dot_instructions(archs)
+        payload = dict(benchmark="compile_kernels --dots",
+                       note=("one 64x64x64 tl.dot (fp32 accumulator, 4 warps) compiled per "
+                             "target without a GPU: the SASS instructions of its multiply-adds "
+                             "(tensor cores: HGMMA/HMMA; FMA units: FFMA/HFMA2); no timings"),
+                       env=env, command=command, records=records,
+                       tensor_cores_from=min((int(r["arch"][3:]) for r in records
+                                              if r.get("tensor_cores")), default=None))
     elif args.fit:
         records = fit(args.fit, names=tuple(args.kernels))
         summary = _fit_summary(records)

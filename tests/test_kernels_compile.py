@@ -72,6 +72,28 @@ def test_all_kernels_compile_for_sm90_without_spills(tmp_path):
     check_v2_records(d["records"])
 
 
+def test_triton_dots_run_on_tensor_cores_from_the_capability_dispatch_assumes(tmp_path):
+    """``cemlib.kernels.dispatch`` sends attention to the kernels only on GPUs of compute
+    capability >= ``TENSOR_CORE_DOTS_FROM`` (8.0): below it the installed Triton computes
+    ``tl.dot`` on the FMA units (one 64^3 product: 2048 FFMA per thread on sm_75, no HMMA).
+    Compiled for sm_75, sm_80 and sm_90; the committed ``compile_dots.json`` says the same."""
+    out = tmp_path / "dots.json"
+    run = subprocess.run([sys.executable, "benchmarks/compile_kernels.py", "--dots", "--arch",
+                          "75", "80", "90", "--out", str(out)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    from cemlib.kernels.dispatch import TENSOR_CORE_DOTS_FROM
+    threshold = 10 * TENSOR_CORE_DOTS_FROM[0] + TENSOR_CORE_DOTS_FROM[1]
+    for d in (json.loads(out.read_text()), json.loads((RESULTS / "compile_dots.json").read_text())):
+        rows = [r for r in d["records"] if "error" not in r]
+        assert {r["arch"] for r in rows} >= {"sm_75", "sm_80", "sm_90"}
+        for r in rows:
+            on_tensor_cores = int(r["arch"][3:]) >= threshold
+            assert r["tensor_cores"] is on_tensor_cores, r
+            assert (r["fma_instructions"] > 0) is not on_tensor_cores, r
+        assert d["tensor_cores_from"] == threshold
+
+
 def test_committed_reports_agree_with_the_autotune_space():
     code = ("import json; from cemlib.kernels import tied_attention_v2 as v;"
             "print(json.dumps({n: {str(w): c for w, c in t.items()} for n, t in "

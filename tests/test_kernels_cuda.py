@@ -117,9 +117,12 @@ def test_auto_dispatch_uses_triton_on_cuda(monkeypatch, backend):
     monkeypatch.setenv(dispatch.ENV_VAR, backend)
     calls = _count_calls(monkeypatch, *_VERSION_OF[backend])
     other = _count_calls(monkeypatch, *_VERSION_OF["triton_v1" if backend == "auto" else "auto"])
-    q = torch.randn(1, 2, 16, 32, device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(1, 2, 16, 32, device=DEV, dtype=torch.float16)
     dispatch.tied_attention(q, q.clone(), scale=0.2)
-    assert calls == [1] and other == []
+    # below compute capability 8.0 (a T4) "auto" leaves attention to cuBLAS: Triton's products
+    # would run on the FMA units there; a forced backend still runs the kernels
+    fused = backend != "auto" or dispatch.dots_on_tensor_cores(q.device)
+    assert calls == ([1] if fused else []) and other == []
 
 
 def test_attention_cuda_shared_logits_bf16():

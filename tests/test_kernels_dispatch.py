@@ -165,6 +165,66 @@ def test_triton_is_looked_up_once_not_at_every_call(monkeypatch):
     assert calls == [] and len(answers) == 1
 
 
+class _OnCuda:
+    """Stands in for a CUDA tensor where dispatch only asks where it lives."""
+    is_cuda = True
+
+    def __init__(self, index=0):
+        self.device = torch.device("cuda", index)
+
+
+def _fake_gpus(monkeypatch, capabilities):
+    """``torch.cuda.get_device_properties`` answering ``capabilities[index]``; returns the list
+    of devices asked about."""
+    asked = []
+
+    def props(index):
+        asked.append(index)
+        major, minor = capabilities[index]
+        return type("Props", (), dict(major=major, minor=minor))()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(dispatch, "_dots_on_tensor_cores", {})
+    monkeypatch.setattr(dispatch, "_TRITON_INSTALLED", True)
+    return asked
+
+
+def test_auto_leaves_matrix_product_kernels_to_cublas_without_tensor_core_dots(monkeypatch):
+    """Below compute capability 8.0 (a T4 is 7.5) Triton computes ``tl.dot`` on the FMA units
+    (``benchmarks/results/compile_dots.json``: 2048 FFMA and no HMMA per thread for one 64^3
+    product on sm_75): "auto" gives attention and the preconditioner to the PyTorch path there,
+    and keeps the MLP step's element-wise kernel; a forced "triton" still runs them all. The
+    capability is asked once per device. Failing input: the gate removed, the T4 row reads
+    True for the attention."""
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    asked = _fake_gpus(monkeypatch, {0: (7, 5), 1: (8, 0), 2: (9, 0), 3: (8, 6)})
+    for index, want in ((0, False), (1, True), (2, True), (3, True), (0, False)):
+        x = _OnCuda(index)
+        assert dispatch._use_triton(x, True) is want  # attention, preconditioner
+        assert dispatch._use_triton(x, True, dots=False) is True  # MLP step's element-wise kernel
+        assert dispatch._use_triton(x, False) is False  # a call the kernels do not take
+    assert asked == [0, 1, 2, 3]
+    dispatch.set_backend("triton")
+    assert dispatch._use_triton(_OnCuda(0), True) is True
+    dispatch.set_backend("reference")
+    assert dispatch._use_triton(_OnCuda(2), True) is False
+
+
+def test_the_tensor_core_question_is_a_constant_to_torch_compile(monkeypatch):
+    """The layers ask at every attention call, also while ``torch.compile`` traces a training
+    step: the answer must not break the graph (as ``find_spec`` once did, see above).
+    ``fullgraph=True`` raises at any break."""
+    _fake_gpus(monkeypatch, {0: (7, 5), 1: (9, 0)})
+    torch._dynamo.reset()
+
+    def step(x):
+        slow = dispatch.dots_on_tensor_cores(torch.device("cuda", 0))
+        fast = dispatch.dots_on_tensor_cores(torch.device("cuda", 1))
+        return x * (2 if fast and not slow else 3)
+
+    got = torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3))
+    assert torch.equal(got, torch.full((3,), 2.0))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(q=torch.randn(2, 5, 3)), "q must be a 4-D tensor"),
     (dict(kv=torch.randn(1, 2, 6, 3)), "same shape"),

@@ -12,7 +12,11 @@ Backends:
 - ``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
   call is one the kernels handle efficiently (fp16/bf16, head width <= 256, and an extra
   query/key pair that one of the two kernel versions takes efficiently, see
-  :func:`attention_fused`). Attention on the CPU in float32 or float64 goes to
+  :func:`attention_fused`). The kernels built on matrix products (attention, the
+  preconditioner) also need a GPU of compute capability 8.0 or higher
+  (:func:`dots_on_tensor_cores`): below it (a T4, a V100) Triton computes every ``tl.dot`` on
+  the FMA units, not the tensor cores, and cuBLAS through the reference is the faster path;
+  the MLP step's kernel (element-wise work only) runs there too. Attention on the CPU in float32 or float64 goes to
   :mod:`cemlib.kernels.tied_attention_torch` (PyTorch operations with a hand-derived backward,
   first-order only); everything else to the reference. fp32 on CUDA is left to the reference
   (cuBLAS): the kernels' exact fp32 dot products spill registers
@@ -59,7 +63,8 @@ from cemlib.kernels import reference, tied_attention_torch
 from cemlib.kernels.paths import MAX_TILE_EXTRA, extra_path, v2_covers
 
 __all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_backend",
-           "triton_available", "extra_path", "v2_covers", "attention_fused", "tied_attention",
+           "triton_available", "dots_on_tensor_cores", "TENSOR_CORE_DOTS_FROM", "extra_path",
+           "v2_covers", "attention_fused", "tied_attention",
            "tied_gated_mlp_step", "dplr_precondition"]
 
 BACKENDS = ("auto", "triton", "triton_v1", "torch", "reference")
@@ -113,12 +118,36 @@ def triton_available() -> bool:
     return _TRITON_INSTALLED
 
 
-def _use_triton(x: torch.Tensor, supported: bool) -> bool:
+#: the compute capability from which Triton's ``tl.dot`` runs on the tensor cores (``mma.sync``
+#: from 8.0, ``wgmma`` on 9.0); below it Triton 3.2 and later compute every dot with FMA
+#: instructions (triton-lang/triton pull request 5066; ``tests/test_kernels_compile.py`` checks
+#: it on the installed Triton)
+TENSOR_CORE_DOTS_FROM = (8, 0)
+_dots_on_tensor_cores: dict[int, bool] = {}  # device index -> answer, asked once per device
+
+
+@torch.compiler.assume_constant_result
+def dots_on_tensor_cores(device: torch.device) -> bool:
+    """Whether Triton's matrix products run on the tensor cores of this CUDA ``device``:
+    compute capability at least :data:`TENSOR_CORE_DOTS_FROM`. Asked once per device (a constant
+    to ``torch.compile``, which traces the layers' calls without a graph break)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    known = _dots_on_tensor_cores.get(index)
+    if known is None:
+        props = torch.cuda.get_device_properties(index)
+        known = _dots_on_tensor_cores[index] = (props.major, props.minor) >= TENSOR_CORE_DOTS_FROM
+    return known
+
+
+def _use_triton(x: torch.Tensor, supported: bool, dots: bool = True) -> bool:
+    """Whether this call runs a Triton kernel; ``dots``: the kernel is built on ``tl.dot``
+    (which ``"auto"`` leaves to cuBLAS on a GPU without tensor-core dots)."""
     backend = get_backend()
     if backend in ("reference", "torch"):
         return False
     if backend == "auto":
-        return x.is_cuda and supported and triton_available()
+        return (x.is_cuda and supported and triton_available()
+                and (not dots or dots_on_tensor_cores(x.device)))
     if not triton_available():
         raise RuntimeError(f"kernel backend {backend!r} was forced but triton is not installed")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -235,7 +264,7 @@ def tied_gated_mlp_step(u, V, gamma):
             from None
     if not (u.dtype == V.dtype == gamma.dtype):
         raise ValueError(f"u, V, gamma must share a dtype, got {u.dtype}, {V.dtype}, {gamma.dtype}")
-    if _use_triton(u, u.dtype in _AUTO_DTYPES and gamma.shape[:-1] == u.shape[:-1]):
+    if _use_triton(u, u.dtype in _AUTO_DTYPES and gamma.shape[:-1] == u.shape[:-1], dots=False):
         from cemlib.kernels import gated_mlp_triton  # v2: cuBLAS GEMMs + fused element-wise work
         return gated_mlp_triton.tied_gated_mlp_step(u, V, gamma)
     return reference.tied_gated_mlp_step(u, V, gamma)
