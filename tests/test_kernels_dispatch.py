@@ -214,11 +214,12 @@ def test_the_tensor_core_question_is_a_constant_to_torch_compile(monkeypatch):
     step: the answer must not break the graph (as ``find_spec`` once did, see above).
     ``fullgraph=True`` raises at any break."""
     _fake_gpus(monkeypatch, {0: (7, 5), 1: (9, 0)})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # for a device without index
     torch._dynamo.reset()
 
-    def step(x):
+    def step(x):  # (x.device: a traced tensor's device, no index here, as "cuda" can be)
         slow = dispatch.dots_on_tensor_cores(torch.device("cuda", 0))
-        fast = dispatch.dots_on_tensor_cores(torch.device("cuda", 1))
+        fast = dispatch.dots_on_tensor_cores(x.device)
         return x * (2 if fast and not slow else 3)
 
     got = torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3))
