@@ -14,6 +14,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "0"
 
 import torch  # noqa: E402
+from triton import knobs  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
@@ -36,14 +37,19 @@ class RecordingDriver(NullDriver):
 
     def launcher_cls(self, src, metadata):
         class Launcher:
-            def __call__(self, *args):
-                RECORDS.append((self, args))
+            def __call__(self, *args):  # (the hooks as they are now: a chain can change)
+                chain = getattr(knobs, "HookChain", None)
+                idle = all(direct_launch._idle(h, chain) for h in args[7:9])
+                RECORDS.append((self, args[:6] + ("no hook",) * 3 + args[9:] if idle else args))
         return Launcher()
 
 
 def normalized(record, inputs):
     """A launch as comparable values: the launcher (which compiled kernel), and every argument,
-    tensors as (dtype, shape, strides, address mod 16, and which input they are, if one)."""
+    tensors as (dtype, shape, strides, address mod 16, and which input they are, if one). The
+    launch metadata and the two hooks (arguments 6-8) were recorded as "no hook" where neither
+    hook would have done anything at the launch (``None`` or an empty ``HookChain``: the
+    launcher then calls nothing, and the metadata goes only to the hooks)."""
     launcher, args = record
     out = []
     for a in args:
@@ -86,8 +92,15 @@ def scenarios():
                                      extra_values=True, extra_head_sum=True)
         torch.autograd.backward((o, oe), (do, doe))
         return [q, kv, slopes, qe, ke, do, doe]
+    def hooked():  # a profiler's launch hook (Triton's own path builds the metadata for it)
+        hook = lambda metadata: None  # noqa: E731
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            return plain(q)()
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
     return {"plain": plain(q), "plain, q misaligned": plain(q_off), "atomic dq": plain(q, True),
-            "default layer's call": diag}
+            "default layer's call": diag, "plain, with a launch hook": hooked}
 
 
 def recorded(run, direct, repeats):
@@ -124,6 +137,9 @@ def main():
                 first_difference=next(([a, b] for a, b in zip(direct, through_triton[name])
                                        if a != b), None))
             launchers[name + suffix] = [r[0] for r in direct]
+            if "hook" in name:  # the direct path hands a set hook its metadata, as Triton does
+                out["hooked_launches_get_metadata" + suffix] = all(
+                    r[7] == repr("LazyDict") and r[8] == repr("HookChain") for r in direct)
     out["misaligned_q_uses_other_forward_kernel"] = (
         launchers["plain"][0] != launchers["plain, q misaligned"][0])
     json.dump(out, sys.stdout)

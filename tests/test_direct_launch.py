@@ -8,7 +8,8 @@ not 16-byte aligned, which Triton compiles separately; atomic ``dq``; the defaul
 with the shared diagonal) is recorded through ``JITFunction.run`` and through the direct path
 (the calls in that order from empty caches, each repeated until it hits them), with autotuning
 and with fixed configurations, and compared: the same compiled kernel, grid, stream, metadata,
-hooks and arguments. With a cache key that ignored the alignment, the misaligned call would
+hooks and arguments (where no launch hook is set, the direct path passes none and no metadata,
+which the launcher hands only to hooks; with a hook, a fifth call, exactly Triton's). With a cache key that ignored the alignment, the misaligned call would
 launch the kernel compiled for the aligned one: that comparison fails, in both modes (shown once,
 when the test was written).
 """
@@ -39,8 +40,10 @@ def test_direct_launches_equal_tritons_own():
     for name, s in out["scenarios"].items():
         assert s["same"], (name, s["first_difference"])
         assert s["launches"] == (6 if "default" in name else 3), (name, s)
-    assert len(out["scenarios"]) == 8
+    assert len(out["scenarios"]) == 10
     assert out["misaligned_q_uses_other_forward_kernel"]
+    assert out["hooked_launches_get_metadata"]
+    assert out["hooked_launches_get_metadata (fixed configurations)"]
 
 
 def test_direct_launch_falls_back_off_cuda():
