@@ -142,7 +142,7 @@ def _modules():
 
 def _idle(hook, chain) -> bool:
     """Whether a launch hook would do nothing: none, or an empty ``HookChain`` (``chain``; how
-    Triton 3.4 and later keep their launch hooks when nobody has added one)."""
+    Triton 3.6 and 3.9 keep their launch hooks when nobody has added one)."""
     return hook is None or (type(hook) is chain and not hook.calls)
 
 
