@@ -525,8 +525,8 @@ def fit(arch: int, dtype=torch.float16, width: int = 64, names=tuple(V2_KERNELS)
     sm_90) for ``sm_<arch>`` in ``dtype``, in the heaviest call of :func:`sweep`: which entries a
     smaller GPU can load (shared memory per block within :data:`SHARED_LIMIT`), and which
     compile there without spilling. One record per (kernel, entry), with its index in the space:
-    what the autotuner there chooses among, and the first that loads is what
-    ``CEMLIB_AUTOTUNE=0`` launches there."""
+    what the autotuner there chooses among; ``CEMLIB_AUTOTUNE=0`` launches there the first that
+    loads without spilling, else the first that loads (``tied_attention_v2._first_fitting``)."""
     out = []
     for name in names:
         for index, cfg in enumerate(v2._gpu_configs(name, width)):
@@ -541,7 +541,9 @@ def fit(arch: int, dtype=torch.float16, width: int = 64, names=tuple(V2_KERNELS)
 
 def _fit_summary(records) -> dict:
     """Per kernel: entries in the space, how many load (every record within the shared-memory
-    limit), how many load without spills, and the first that loads."""
+    limit), how many load without spills, the first that loads and the first that loads without
+    spills (what ``CEMLIB_AUTOTUNE=0`` runs there; ``None`` where every entry that loads
+    spills, and then it runs the first that loads)."""
     out = {}
     for name in dict.fromkeys(r["name"] for r in records):
         by = collections.defaultdict(list)
@@ -552,7 +554,8 @@ def _fit_summary(records) -> dict:
         clean = [i for i in loads if not any(r["spills"] for r in by[i])]
         out[name] = dict(entries=len(by), load=len(loads), load_without_spills=len(clean),
                          first_loading=loads[0] if loads else None,
-                         first_loading_config=by[loads[0]][0]["config"] if loads else None)
+                         first_loading_config=by[loads[0]][0]["config"] if loads else None,
+                         first_without_spills=clean[0] if clean else None)
     return out
 
 
@@ -705,7 +708,8 @@ def main(argv=None):
         for name, row in summary.items():
             print(f"{name}: {row['load']} of {row['entries']} load on sm_{args.fit} "
                   f"({row['load_without_spills']} without spills); first that loads: "
-                  f"#{row['first_loading']} {row['first_loading_config']}")
+                  f"#{row['first_loading']} {row['first_loading_config']}; first without "
+                  f"spills: #{row['first_without_spills']}")
         payload = dict(benchmark="compile_kernels --fit",
                        note=(f"the v2 autotune space (chosen on sm_90) compiled for sm_{args.fit} "
                              f"in float16 without a GPU, head width 64, the default CEM layer's "

@@ -94,6 +94,26 @@ def test_triton_dots_run_on_tensor_cores_from_the_capability_dispatch_assumes(tm
         assert d["tensor_cores_from"] == threshold
 
 
+def test_autotuning_off_picks_the_first_entry_that_loads_without_spilling():
+    """``CEMLIB_AUTOTUNE=0`` on an A100 (sm_80) with the installed Triton: the forward's entries
+    are compiled and loaded (by a stand-in driver that reads each cubin's spills and refuses
+    more shared memory than the A100's 163 KiB per block) without a launch, in order, until one
+    loads without spilling, and that one runs. Which entries spill depends on the Triton version
+    (Triton 3.9: entries 0-2 spill for sm_80, entry 3 does not; on sm_75 the first of 19 that
+    loads without spilling is entry 17), so the test checks the rule, not an index; the
+    refusals of a smaller GPU are tested with a stand-in in ``test_kernels_v2.py``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "tests/first_fitting_check.py", "80", str(163 * 1024)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = json.loads(run.stdout)
+    probed, chosen = out["probed"], out["chosen"]
+    assert probed and chosen == probed[-1]["index"]
+    assert all(not p["loads"] or p["spills"] > 0 for p in probed[:-1])
+    assert probed[-1]["loads"] and probed[-1]["spills"] == 0
+
+
 def test_committed_reports_agree_with_the_autotune_space():
     code = ("import json; from cemlib.kernels import tied_attention_v2 as v;"
             "print(json.dumps({n: {str(w): c for w, c in t.items()} for n, t in "

@@ -482,38 +482,82 @@ def test_length_buckets():
         [16, 16, 32, 128, 128, 256, 4096]
 
 
-def test_autotuning_off_launches_the_first_configuration_the_gpu_can_run(monkeypatch):
-    """``CEMLIB_AUTOTUNE=0`` on a GPU: the first entry of the space, ordered for the H100's
-    227 KiB of shared memory per block, may not load on a T4 (64 KiB: the forward's default
-    128 x 128 tiles need 96 KiB there, compiled for sm_75) or a consumer GPU; the launch moves
-    on to the next entry that loads and remembers it. With a stand-in launcher that refuses
-    every configuration whose query tile is 128 rows. Failing input: launching only the first
-    entry (the behaviour before) raises ``OutOfResources``."""
-    tried = []
+def test_autotuning_off_launches_the_first_configuration_the_gpu_runs_well(monkeypatch):
+    """``CEMLIB_AUTOTUNE=0`` on a GPU: the space is ordered and pruned for the H100. Elsewhere an
+    entry may not load (a T4's 64 KiB of shared memory per block: the forward's default
+    128 x 128 tiles need 96 KiB there, compiled for sm_75) or may spill registers (the default
+    forward and backward compiled for sm_80, ``results/compile_kernels.json``). The launch
+    compiles and loads entries without launching them until one loads without spilling, runs
+    it, and remembers it; where every entry that loads spills, the first of them runs; where
+    none loads, the error shows. With a stand-in compiler: 128-row query tiles do not load,
+    128-column key tiles spill. Failing input: the previous rule (the first entry that
+    loads) launches a spilling configuration."""
+    probed, launched = [], []
 
-    def launch(kernel, grid, args, kw, cuda=True):
-        tried.append(kw["BLOCK_M"])
+    def spills(kernel, grid, args, kw):
+        probed.append((kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"]))
         if kw["BLOCK_M"] == 128:
             raise triton.runtime.errors.OutOfResources(96 * 1024, 64 * 1024, "shared memory")
+        return 88 if kw["BLOCK_N"] == 128 else 0
 
+    def launch(kernel, grid, args, kw, cuda=True):
+        launched.append((kw["BLOCK_M"], kw["BLOCK_N"], kw["num_warps"]))
+
+    monkeypatch.setattr(v2, "_spills", spills)
     monkeypatch.setattr(v2.direct_launch, "launch", launch)
     monkeypatch.setattr(v2, "AUTOTUNE", False)
     monkeypatch.setattr(v2, "INTERPRET", False)
     monkeypatch.setattr(v2, "_fitting", {})
     configs = v2._gpu_configs("fwd", 64)
-    assert configs[0]["BLOCK_M"] == 128  # the H100's default
-    first_small = next(i for i, c in enumerate(configs) if c["BLOCK_M"] != 128)
+    tiles = [(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) for c in configs]
+    assert tiles[0][0] == 128  # the H100's default
+    loads = [i for i, t in enumerate(tiles) if t[0] != 128]
+    good = next(i for i in loads if tiles[i][1] != 128)
+    assert loads[0] != good  # the space has an entry that loads but spills before a good one
     cuda = torch.device("cuda")
-    for _ in range(2):
+
+    def call():
         v2._launch("fwd", None, lambda cfg: (1,), (), dict(D=64), 64, cuda, 100)
-    # the first call tries the entries in order; the second goes straight to the one that ran
-    runs = configs[first_small]["BLOCK_M"]
-    assert tried == [c["BLOCK_M"] for c in configs[:first_small + 1]] + [runs]
-    assert v2._fitting == {("fwd", 64, cuda): first_small}
+    for _ in range(2):
+        call()
+    # the first call probes in order up to the good entry; both calls launch only that one
+    assert probed == tiles[:good + 1] and launched == [tiles[good]] * 2
+    assert v2._fitting == {("fwd", 64, cuda): good}
+    # every entry that loads spills: the first that loads runs
+    probed.clear(), launched.clear()
+    monkeypatch.setattr(v2, "_fitting", {})
+    monkeypatch.setattr(v2, "_gpu_configs",
+                        lambda table, block_d: [c for c in configs if c["BLOCK_N"] == 128])
+    call()
+    assert launched == [next(t for t in tiles if t[0] != 128 and t[1] == 128)]
+    # nothing loads: the error shows
     monkeypatch.setattr(v2, "_fitting", {})
     monkeypatch.setattr(v2, "_gpu_configs", lambda table, block_d: [configs[0]])
-    with pytest.raises(triton.runtime.errors.OutOfResources):  # nothing fits: the error shows
-        v2._launch("fwd", None, lambda cfg: (1,), (), dict(D=64), 64, cuda, 100)
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        call()
+
+
+def test_probing_a_configuration_compiles_and_loads_without_launching(monkeypatch):
+    """:func:`v2._spills` asks Triton for the compiled kernel (``warmup``: no launch) and loads
+    it (``_init_handles``: where a GPU refuses it), and reads its spills."""
+    events = []
+
+    class Compiled:
+        n_spills = 5
+
+        def _init_handles(self):
+            events.append("load")
+
+    class Kernel:
+        def warmup(self, *args, grid, **kw):
+            events.append(("compile", args, grid, kw))
+            return Compiled()
+
+        def __getitem__(self, grid):
+            raise AssertionError("launched")
+
+    assert v2._spills(Kernel(), (3, 1), (1, 2), {"BLOCK_M": 64}) == 5
+    assert events == [("compile", (1, 2), (3, 1), {"BLOCK_M": 64}), "load"]
 
 
 def test_count_launches_counts_kernels_not_views():

@@ -67,8 +67,9 @@ only (``once_differentiable``): a second derivative needs ``use_backend("referen
 The autotuner times every configuration at the first call of each power-of-two bucket of the
 sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each.
 ``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead of autotuning, the first configuration of
-each kernel's space that the GPU can run (the H100's default on an H100; on a GPU with less shared
-memory per block the first that loads there); :func:`use_configs` forces configurations.
+each kernel's space that the GPU can run without spilling registers (the H100's default on an
+H100; on another GPU the first that loads there and does not spill, else the first that loads);
+:func:`use_configs` forces configurations.
 """
 
 from __future__ import annotations
@@ -969,28 +970,50 @@ def _length_bucket(L: int) -> int:
     return max(16, 1 << (max(int(L), 1) - 1).bit_length())
 
 
-# (space, padded head width, device) -> index of the first configuration the device can run
+# (space, padded head width, device) -> index of the configuration launched without autotuning
 _fitting: dict = {}
+
+
+def _spills(kernel, grid, args, kw) -> int:
+    """Compile ``kernel`` for this launch and load it on the current GPU without launching it:
+    the registers it spills (``OutOfResources`` where it does not load: too much shared memory
+    per block)."""
+    compiled = kernel.warmup(*args, grid=grid, **kw)
+    compiled._init_handles()
+    return compiled.n_spills
 
 
 def _first_fitting(kernel, grid, args, meta, table, block_d, device):
     """Launch with the first configuration of :data:`GPU_CONFIGS` [``table``] that ``device``
-    can run (remembered per space, width and device): the table is ordered for the H100, whose
-    227 KiB of shared memory per block the first entries may need; a T4 (64 KiB) or a consumer
-    GPU (99 KiB) refuses them at load time (``OutOfResources``), and the next entry is tried."""
-    configs = _gpu_configs(table, block_d)
+    runs well (chosen once per space, width and device, before the first launch): the space is
+    ordered and pruned for the H100, whose entries all load there without spilling. Another GPU
+    may refuse an entry at load time (``OutOfResources``: a T4 has 64 KiB of shared memory per
+    block, a consumer GPU 99 KiB, the H100 227) or spill it to local memory (its compiler
+    allocates registers differently: ``results/compile_kernels.json`` finds the default forward
+    and backward spilling for sm_80, the A100). Each entry is compiled and loaded without a
+    launch until one loads without spilling; where none does, the first that loads runs. Costs
+    one compilation per entry tried, once (Triton caches them on disk)."""
     key = (table, block_d, device)
-    start = _fitting.get(key, 0)
-    for i in range(start, len(configs)):
-        cfg = dict(configs[i])
-        try:
-            direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, True)
-        except triton.runtime.errors.OutOfResources:
-            if i == len(configs) - 1:
-                raise
-            continue
-        _fitting[key] = i
-        return
+    configs = _gpu_configs(table, block_d)
+    index = _fitting.get(key)
+    if index is None:
+        error = None
+        for i, cfg in enumerate(configs):
+            try:
+                spills = _spills(kernel, grid(cfg), args, {**meta, **cfg})
+            except triton.runtime.errors.OutOfResources as e:
+                error = error or e
+                continue
+            if index is None:
+                index = i  # the first that loads: the fallback
+            if spills == 0:
+                index = i
+                break
+        if index is None:
+            raise error
+        _fitting[key] = index
+    cfg = dict(configs[index])
+    direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, True)
 
 
 def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None):
