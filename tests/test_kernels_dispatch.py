@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+import warnings
 
 import pytest
 import torch
@@ -181,7 +182,8 @@ def _fake_gpus(monkeypatch, capabilities):
     def props(index):
         asked.append(index)
         major, minor = capabilities[index]
-        return type("Props", (), dict(major=major, minor=minor))()
+        name = {(7, 5): "T4", (8, 0): "A100", (8, 6): "RTX 3090", (9, 0): "H100"}[major, minor]
+        return type("Props", (), dict(major=major, minor=minor, name=name))()
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
     monkeypatch.setattr(dispatch, "_dots_on_tensor_cores", {})
     monkeypatch.setattr(dispatch, "_TRITON_INSTALLED", True)
@@ -197,9 +199,16 @@ def test_auto_leaves_matrix_product_kernels_to_cublas_without_tensor_core_dots(m
     True for the attention."""
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     asked = _fake_gpus(monkeypatch, {0: (7, 5), 1: (8, 0), 2: (9, 0), 3: (8, 6)})
-    for index, want in ((0, False), (1, True), (2, True), (3, True), (0, False)):
+    said = ("cemlib: T4 (compute capability 7.5) runs attention and the DPLR preconditioner on "
+            "the PyTorch path (cuBLAS, tensor cores): below compute capability 8.0 Triton "
+            "computes matrix products on the FMA units, several times slower; the MLP step's "
+            "kernel still runs. CEMLIB_KERNELS=triton forces the kernels.")
+    for i, (index, want) in enumerate(((0, False), (1, True), (2, True), (3, True), (0, False))):
         x = _OnCuda(index)
-        assert dispatch._use_triton(x, True) is want  # attention, preconditioner
+        with warnings.catch_warnings(record=True) as caught:  # said once, for the T4 only
+            warnings.simplefilter("always")
+            assert dispatch._use_triton(x, True) is want  # attention, preconditioner
+        assert [str(w.message) for w in caught] == ([said] if i == 0 else [])
         assert dispatch._use_triton(x, True, dots=False) is True  # MLP step's element-wise kernel
         assert dispatch._use_triton(x, False) is False  # a call the kernels do not take
     assert asked == [0, 1, 2, 3]
@@ -222,7 +231,8 @@ def test_the_tensor_core_question_is_a_constant_to_torch_compile(monkeypatch):
         fast = dispatch.dots_on_tensor_cores(x.device)
         return x * (2 if fast and not slow else 3)
 
-    got = torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3))
+    with pytest.warns(UserWarning, match="compute capability 7.5"):  # (device 0, said once)
+        got = torch.compile(step, backend="eager", fullgraph=True)(torch.ones(3))
     assert torch.equal(got, torch.full((3,), 2.0))
 
 

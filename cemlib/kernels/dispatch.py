@@ -15,8 +15,9 @@ Backends:
   :func:`attention_fused`). The kernels built on matrix products (attention, the
   preconditioner) also need a GPU of compute capability 8.0 or higher
   (:func:`dots_on_tensor_cores`): below it (a T4, a V100) Triton computes every ``tl.dot`` on
-  the FMA units, not the tensor cores, and cuBLAS through the reference is the faster path;
-  the MLP step's kernel (element-wise work only) runs there too. Attention on the CPU in float32 or float64 goes to
+  the FMA units, not the tensor cores, and cuBLAS through the reference is the faster path
+  (a ``UserWarning`` says so once per such GPU); the MLP step's kernel (element-wise work only)
+  runs there too. Attention on the CPU in float32 or float64 goes to
   :mod:`cemlib.kernels.tied_attention_torch` (PyTorch operations with a hand-derived backward,
   first-order only); everything else to the reference. fp32 on CUDA is left to the reference
   (cuBLAS): the kernels' exact fp32 dot products spill registers
@@ -56,6 +57,7 @@ import importlib.util
 import math
 import os
 import sys
+import warnings
 
 import torch
 
@@ -136,6 +138,14 @@ def dots_on_tensor_cores(device: torch.device) -> bool:
     if known is None:
         props = torch.cuda.get_device_properties(index)
         known = _dots_on_tensor_cores[index] = (props.major, props.minor) >= TENSOR_CORE_DOTS_FROM
+        if not known:  # once per device: why "auto" leaves the fused attention unused here
+            warnings.warn(
+                f"cemlib: {getattr(props, 'name', 'this GPU')} (compute capability "
+                f"{props.major}.{props.minor}) runs attention and the DPLR preconditioner on the "
+                f"PyTorch path (cuBLAS, tensor cores): below compute capability "
+                f"{TENSOR_CORE_DOTS_FROM[0]}.{TENSOR_CORE_DOTS_FROM[1]} Triton computes matrix "
+                f"products on the FMA units, several times slower; the MLP step's kernel still "
+                f"runs. CEMLIB_KERNELS=triton forces the kernels.", stacklevel=2)
     return known
 
 
