@@ -128,7 +128,6 @@ TENSOR_CORE_DOTS_FROM = (8, 0)
 _dots_on_tensor_cores: dict[int, bool] = {}  # device index -> answer, asked once per device
 
 
-@torch.compiler.assume_constant_result
 def dots_on_tensor_cores(device: torch.device) -> bool:
     """Whether Triton's matrix products run on the tensor cores of this CUDA ``device``:
     compute capability at least :data:`TENSOR_CORE_DOTS_FROM`. Asked once per device (a constant
@@ -147,6 +146,13 @@ def dots_on_tensor_cores(device: torch.device) -> bool:
                 f"products on the FMA units, several times slower; the MLP step's kernel still "
                 f"runs. CEMLIB_KERNELS=triton forces the kernels.", stacklevel=2)
     return known
+
+
+# torch.compiler.assume_constant_result(dots_on_tensor_cores), without the import of
+# torch._dynamo that the public decorator makes (it imports triton, and importing cemlib must
+# not: tests/test_imports.py). The decorator sets this attribute and nothing else (torch 2.11
+# and 2.13); tests/test_kernels_dispatch.py fails (a graph break) if it stops meaning that.
+dots_on_tensor_cores._dynamo_marked_constant = True
 
 
 def _use_triton(x: torch.Tensor, supported: bool, dots: bool = True) -> bool:
