@@ -559,6 +559,16 @@ def test_probing_a_configuration_compiles_and_loads_without_launching(monkeypatc
     assert v2._spills(Kernel(), (3, 1), (1, 2), {"BLOCK_M": 64}) == 5
     assert events == [("compile", (1, 2), (3, 1), {"BLOCK_M": 64}), "load"]
 
+    class Future:  # what Triton's cache holds for a kernel compiled in parallel
+        def result(self):
+            events.append("waited")
+            return Compiled()
+
+    Kernel.warmup = lambda self, *args, grid, **kw: Future()
+    events.clear()
+    assert v2._spills(Kernel(), (3, 1), (1, 2), {"BLOCK_M": 64}) == 5
+    assert events == ["waited", "load"]
+
 
 def test_count_launches_counts_kernels_not_views():
     a = torch.randn(4, 6)

@@ -979,6 +979,8 @@ def _spills(kernel, grid, args, kw) -> int:
     the registers it spills (``OutOfResources`` where it does not load: too much shared memory
     per block)."""
     compiled = kernel.warmup(*args, grid=grid, **kw)
+    if hasattr(compiled, "result"):  # compiled in parallel earlier: Triton keeps the future
+        compiled = compiled.result()
     compiled._init_handles()
     return compiled.n_spills
 
