@@ -280,6 +280,13 @@ _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\s+(?:`\(\S+\)\s*)?(0x[0-9a-f]+)")
 
 
+def _opcodes(instructions) -> collections.Counter:
+    """Histogram of the opcodes of SASS instruction texts (predicate and modifiers dropped:
+    ``@!P0 HMMA.16816.F32`` counts as ``HMMA``)."""
+    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+                               for t in instructions)
+
+
 def sass_loops(sass: str) -> list[dict]:
     """The loops of a SASS listing (``cuobjdump -sass``): one per backward branch, its body the
     instructions from the branch target to the branch. Per loop: instructions, matrix
@@ -297,8 +304,7 @@ def sass_loops(sass: str) -> list[dict]:
             continue
         start = int(m.group(1), 16)
         ins = [t for a, t in body if start <= a <= addr]
-        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
-                                  for t in ins)
+        ops = _opcodes(ins)
         mma = ops["HGMMA"] + ops["HMMA"]
         loops.append(dict(start=hex(start), end=hex(addr), instructions=len(ins), mma=mma,
                           non_mma=len(ins) - mma,
@@ -607,8 +613,7 @@ def dot_instructions(archs, dtypes=(torch.float16, torch.bfloat16), M: int = 64)
                     f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")))
                 print(f"sm_{arch} {names[dtype]}: {out[-1]['error']}", flush=True)
                 continue
-            ops = collections.Counter(m.group(2).split()[0].split(".")[0]
-                                      for m in map(_INSTRUCTION.match, sass.splitlines()) if m)
+            ops = _opcodes(m.group(2) for m in map(_INSTRUCTION.match, sass.splitlines()) if m)
             mma, fma = sum(ops[o] for o in TENSOR_CORE_OPS), sum(ops[o] for o in FMA_OPS)
             out.append(dict(arch=f"sm_{arch}", dtype=str(dtype), M=M, num_warps=4,
                             tensor_core_instructions=mma, fma_instructions=fma,
@@ -641,8 +646,9 @@ def _sweep_payload(records, env, command, widths, t0):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", type=int, nargs="+", default=[90, 80],
-                   help="compute capabilities, e.g. 90 (H100/H200) 80 (A100)")
+    p.add_argument("--arch", type=int, nargs="+",
+                   help="compute capabilities, e.g. 90 (H100/H200) 80 (A100); default 90 80 "
+                        "(with --dots: 75 80 86 89 90)")
     p.add_argument("--quick", action="store_true", help="bf16 only")
     p.add_argument("--sweep", action="store_true",
                    help="compile the v2 autotune candidates (sm_90, bf16) instead")
@@ -654,8 +660,8 @@ def main(argv=None):
                    help="compile the v2 autotune space (head width 64, the heaviest call) for "
                         "another GPU, e.g. 75 (T4), in float16: which entries load there")
     p.add_argument("--dots", action="store_true",
-                   help="compile one tl.dot for each --arch (default 75 80 86 89 90) in fp16 "
-                        "and bf16: tensor cores or FMA units")
+                   help="compile one tl.dot for each --arch in fp16 and bf16: tensor cores or "
+                        "FMA units")
     p.add_argument("--case", help="only the cases whose name contains this string")
     p.add_argument("--merge", nargs="+", metavar="FILE",
                    help="combine --sweep files of parts of the kernels into one")
@@ -664,6 +670,8 @@ def main(argv=None):
                                  "file is kept and a new file is written beside it unless --replace)")
     p.add_argument("--replace", action="store_true", help="overwrite the stored default file")
     args = p.parse_args(argv)
+    if args.arch is None:
+        args.arch = [75, 80, 86, 89, 90] if args.dots else [90, 80]
     default = RESULTS / ("compile_dots.json" if args.dots else
                          f"compile_kernels_fit_sm{args.fit}.json" if args.fit else
                          "compile_kernels_sweep.json" if args.sweep or args.merge else
@@ -692,9 +700,7 @@ def main(argv=None):
                                  kernels=sorted({r["name"] for r in part["records"]}))
                             for part in kept]
     elif args.dots:
-        archs = args.arch if "--arch" in (argv if argv is not None else sys.argv) else [
-            75, 80, 86, 89, 90]
-        records = dot_instructions(archs)
+        records = dot_instructions(args.arch)
         payload = dict(benchmark="compile_kernels --dots",
                        note=("one 64x64x64 tl.dot (fp32 accumulator, 4 warps) compiled per "
                              "target without a GPU: the SASS instructions of its multiply-adds "

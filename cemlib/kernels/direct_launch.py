@@ -152,7 +152,8 @@ def run_bound(bound: Bound, grid: tuple, args: tuple) -> None:
     absent, or empty ``HookChain``s, as they are unless a profiler adds one), the launcher is
     given ``None`` for both hooks and for the launch metadata, which only the hooks read. The
     launcher then calls no hook, and the metadata (a ``LazyDict`` per launch) is not built:
-    about 2 us of host time per launch that the GPU waits for at short sequences. With a hook
+    about 1 us of host time per launch on the CPU (``benchmarks/NOTES.md``, step 18), which
+    the GPU waits for at short sequences. With a hook
     set, the launch is Triton's exactly (``tests/test_direct_launch.py`` records both)."""
     knobs, driver, chain = _modules()
     active = driver.active
