@@ -7,7 +7,9 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     bf16 and fp16 against the float64 reference with the FlashAttention criterion (a result's
     error at most twice the same-dtype PyTorch reference's, plus a floor), output and every
     gradient: CEM attention v1 and v2 (ALiBi, self/cross biases; and the default layer's call
-    with the shared diagonal), the tied MLP step v2 and v1; v2 with direct launches against v2
+    with the shared diagonal), the tied MLP step v2 and v1, each v2 kernel in its default
+    configuration (autotuning off: one compilation per shape, not a space); v2 with direct
+    launches against v2
     through Triton's launch path (bit for bit); every configuration of every v2 autotune space
     (tiles, warps, stages), one kernel at a time (``every_config_v2``); and whether a CEM
     attention and MLP layer's forward+backward makes a synchronising CUDA call
@@ -59,6 +61,7 @@ Usage: ``python benchmarks/gpu_kernels.py [--stage attention mlp] [--force]`` or
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -180,6 +183,49 @@ def correctness(s, device, deadline):
     shape = s["check_attention"][1 if len(s["check_attention"]) > 1 else 0]
     record("direct_launch_v2", list(shape), s["dtypes"][0],
            lambda: direct_launch_check(device, s["dtypes"][0], shape))
+    with default_configurations():
+        _shape_checks(s, device, record, availability)
+    if availability.get("attention_v2", {}).get("available"):
+        record("every_config_v2", list(s["check_every_config"]), s["dtypes"][0],
+               lambda: every_config_check(device, s["dtypes"][0], s["check_every_config"],
+                                          s["every_config_limit"], deadline))
+    return {"checks": checks, "implementations": availability,
+            "configurations": CHECK_CONFIGURATIONS,
+            "passed": all(c.get("passed", True) for c in checks),
+            "sync": sync_check(device)}
+
+
+#: How the shape checks choose the v2 kernels' configurations (recorded in the stage's JSON).
+CHECK_CONFIGURATIONS = (
+    "shape checks: each v2 kernel's default configuration (autotuning off, as with "
+    "CEMLIB_AUTOTUNE=0: the first entry of its space that compiles without spilling); "
+    "every_config_v2: every configuration of every space, on one shape")
+
+
+@contextlib.contextmanager
+def default_configurations():
+    """The v2 kernels without autotuning, for the shape checks: the autotuner would compile and
+    time the whole space of each kernel (19-30 configurations) at every new shape, dtype and head
+    width. Counted without a GPU (``compile_requests.py``, ``results/compile_requests_cpu.json``),
+    the shape checks ask Triton for 1254 compilations with the autotuner and 102 without; most of
+    the first H100 run's 191 s in this stage was compiling. Correctness per configuration is
+    :func:`every_config_check`'s (one shape, every configuration); correctness per shape is
+    checked here with the default one, which is what ``CEMLIB_AUTOTUNE=0`` runs."""
+    try:
+        from cemlib.kernels import tied_attention_v2 as v2
+    except ImportError:  # no Triton: nothing is autotuned
+        yield
+        return
+    tuning, v2.AUTOTUNE = v2.AUTOTUNE, False
+    try:
+        yield
+    finally:
+        v2.AUTOTUNE = tuning
+
+
+def _shape_checks(s, device, record, availability):
+    """CEM attention v1, v2 and v2 with the atomic dq against float64 (the plain call and the
+    default layer's), and the tied MLP step v2 and v1, in every dtype of ``s``."""
     for impl in ("v1", "v2", "v2_atomic"):
         fn, availability[f"attention_{impl}"] = bench_attention.implementation(impl)
         if fn is None:
@@ -217,13 +263,6 @@ def correctness(s, device, deadline):
                 record(f"mlp_{impl}", [N, Dh, Dv], dtype, lambda fn=fn, inputs=inputs:
                        flash_criterion(fn, reference.tied_gated_mlp_step, inputs, {}, dtype,
                                        ["y", "du", "dV", "dgamma"]))
-    if availability.get("attention_v2", {}).get("available"):
-        record("every_config_v2", list(s["check_every_config"]), s["dtypes"][0],
-               lambda: every_config_check(device, s["dtypes"][0], s["check_every_config"],
-                                          s["every_config_limit"], deadline))
-    return {"checks": checks, "implementations": availability,
-            "passed": all(c.get("passed", True) for c in checks),
-            "sync": sync_check(device)}
 
 
 def every_config_check(device, dtype, shape, limit, deadline) -> dict:

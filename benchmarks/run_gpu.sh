@@ -4,7 +4,8 @@
 # stage in benchmarks/results/, resumable), or the CUDA kernel tests (a separate call).
 #   bash benchmarks/run_gpu.sh [gpu_kernels.py options]   e.g. --stage mlp train, --force
 #   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel and no-sync tests on the GPU
-#                                                         (e.g. -x -rf: stop at the first failure)
+#                                                         (e.g. -x -rf: stop at the first failure;
+#                                                         default configurations, 8 workers: below)
 # A copy of the tree without .git records its commit from CEMLIB_GIT_COMMIT
 # (cemlib.train.results.git_commit). The project's pytest options load nbval; -o addopts=-ra drops
 # them, so a GPU image without the book's toolchain runs the tests.
@@ -12,8 +13,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "${1:-}" == "tests" ]]; then
-  exec python -m pytest -q -p no:cacheprovider -o addopts=-ra tests/test_kernels_cuda.py \
-    tests/test_kernels_triton.py tests/test_kernels_dispatch.py tests/test_kernels_torch.py \
-    tests/test_no_sync.py "${@:2}"
+  # Compiling, on the host, is most of these tests' time on a GPU (the H200 run of 2026-11-26 reached
+  # 93 % of them in 300 s). So: each v2 kernel in its default configuration, not its autotune space
+  # (CEMLIB_AUTOTUNE=0; gpu_kernels.py's every_config_v2 checks every configuration), and, where
+  # pytest-xdist is installed (the GPU image has it), CEMLIB_TEST_WORKERS processes (default 8)
+  # compiling side by side. Either is overridden by setting it, or by passing -n / -p no:xdist.
+  export CEMLIB_AUTOTUNE="${CEMLIB_AUTOTUNE:-0}"
+  workers=()
+  if [[ " ${*:2} " != *" -n "* && " ${*:2} " != *"no:xdist"* ]] \
+      && python -c "import xdist" 2>/dev/null; then
+    workers=(-n "${CEMLIB_TEST_WORKERS:-8}")
+  fi
+  exec python -m pytest -q -p no:cacheprovider -o addopts=-ra ${workers[@]+"${workers[@]}"} \
+    tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py \
+    tests/test_kernels_torch.py tests/test_no_sync.py "${@:2}"
 fi
 exec python benchmarks/gpu_kernels.py "$@"

@@ -206,6 +206,23 @@ def test_host_overhead_script_runs(tmp_path):
     assert json.loads(r.stdout) == [{"a": 0.5, "b": {"c": 2.0}, "m": "x", "n": 3}]
 
 
+def test_gpu_correctness_shape_checks_compile_each_kernel_once_per_shape(tmp_path):
+    """The GPU script's correctness stage checks shapes with each v2 kernel's default
+    configuration: counted without a GPU (``benchmarks/compile_requests.py``, requests for
+    sm_90 recorded and declined), its shape checks ask Triton for about a twelfth of the
+    compilations the autotuner would (1254 against 102 with Triton 3.9). Failing input, shown
+    once: with the stage's ``default_configurations`` made a no-op, both counts were 1254."""
+    pytest.importorskip("triton")
+    d = _run(["benchmarks/compile_requests.py"], tmp_path, "requests", timeout=900,
+             env={**os.environ, "TRITON_INTERPRET": "0"})
+    rows = {x["autotune"]: x for x in d["rows"]}
+    assert not rows[True]["errors"] and not rows[False]["errors"]
+    assert rows[False]["total"] * 8 < rows[True]["total"]
+    # the default configuration: one compilation per kernel and specialization (20 v2 calls, 10
+    # v1 calls, 8 MLP steps), never a space
+    assert rows[False]["total"] <= 110
+
+
 def test_first_call_script_runs(tmp_path):
     """benchmarks/first_call.py (quick: two configurations per kernel): the first call from an
     empty cache, with the space compiled in threads and one by one; both compile the same
