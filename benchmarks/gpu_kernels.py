@@ -39,6 +39,10 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     against the targets (T = 1: >= 0.9, T = 2: >= 0.55), and each model's GPU time per step by
     kernel family (two profiled steps: cemlib's Triton kernels, cuBLAS, Inductor, ...).
 
+Each stage's JSON also records ``triton_cache``: how many kernels the stage compiled into
+Triton's cache (a kernel already there, compiled by an earlier stage or carried by
+``warm_cache.py``, is not compiled again), and how many the cache holds.
+
 Each stage writes ``results/gpu_<stage>_<device>.json``; ``results/gpu_summary_<device>.json``
 (rewritten after every stage) says what ran, how long it took, and what was skipped and why.
 A stage whose file says it is done is skipped (so a call that was cut off resumes; ``--force``
@@ -85,6 +89,7 @@ import torch  # noqa: E402
 import bench_attention  # noqa: E402
 import bench_mlp  # noqa: E402
 import train_step  # noqa: E402
+import warm_cache  # noqa: E402
 from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
 
 STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
@@ -265,7 +270,7 @@ def _shape_checks(s, device, record, availability):
                                        ["y", "du", "dV", "dgamma"]))
 
 
-def every_config_check(device, dtype, shape, limit, deadline) -> dict:
+def every_config_check(device, dtype, shape, limit, deadline, gpu_options=None) -> dict:
     """Every configuration of every v2 autotune space at head width 64 (``GPU_CONFIGS``: tiles,
     warps and stages; the atomic-dq backward's too), one kernel at a time, on the call that
     runs all six kernels (ALiBi, self/cross biases, the shared pair with head-summed values),
@@ -273,8 +278,10 @@ def every_config_check(device, dtype, shape, limit, deadline) -> dict:
     (``tests/test_kernels_v2.py``) but ignores warps and stages, which change the compiled code;
     a GPU run otherwise checks only what its autotuner chose. One autotuned call first compiles
     the spaces (in parallel); each configuration then launches from Triton's cache. ``limit``:
-    the first configurations of each space only (the dry run)."""
+    the first configurations of each space only (the dry run). ``gpu_options``: pass warps and
+    stages with each configuration (default: on CUDA only; the interpreter ignores them)."""
     from cemlib.kernels import tied_attention_v2 as v2
+    gpu_options = device.type == "cuda" if gpu_options is None else gpu_options
     B, K, L, D = shape
     g = torch.Generator(device=device).manual_seed(5)
     q, kv = torch.randn(2, B, K, L, D, generator=g, device=device, dtype=torch.float64)
@@ -304,7 +311,7 @@ def every_config_check(device, dtype, shape, limit, deadline) -> dict:
             if time.monotonic() > deadline:
                 rows.append(dict(space=table, index=i, skipped="out of the stage's time budget"))
                 continue
-            cfg = {k: v for k, v in cfg.items() if device.type == "cuda" or k.startswith("BLOCK")}
+            cfg = {k: v for k, v in cfg.items() if gpu_options or k.startswith("BLOCK")}
             try:
                 with v2.use_configs(**{name: cfg}):
                     got = _outputs_and_grads(call(v2.tied_attention, atomic), low, kw)
@@ -700,6 +707,17 @@ RUNNERS = {"correctness": correctness, "autotune": autotune, "attention": attent
 
 # ---------------------------------------------------------------- driver
 
+def triton_compiled() -> int | None:
+    """Kernels compiled so far into Triton's cache directory (``warm_cache.compiled``), or None
+    without Triton or under the interpreter (nothing compiles)."""
+    if DRY or not CUDA:
+        return None
+    try:
+        return warm_cache.compiled()
+    except ImportError:
+        return None
+
+
 def stage_path(out_dir, stage, slug):
     return os.path.join(out_dir, f"gpu_{stage}_{slug}.json")
 
@@ -765,6 +783,7 @@ def main(argv=None):
                                                    f"{budgets[stage]:.0f} s"}
         else:
             t0 = time.monotonic()
+            compiled_before = triton_compiled()
             deadline = t0 + min(budgets[stage], left)
             print(f"== {stage} (budget {min(budgets[stage], left):.0f} s)", flush=True)
             payload = {"benchmark": f"gpu_kernels/{stage}", "env": env, "command": command,
@@ -776,6 +795,9 @@ def main(argv=None):
                                traceback=traceback.format_exc()[-4000:])
                 print(payload["traceback"], file=sys.stderr, flush=True)
             payload["elapsed_s"] = round(time.monotonic() - t0, 1)
+            if compiled_before is not None:  # found in the cache (a warm one too) or compiled
+                payload["triton_cache"] = {"kernels_compiled": triton_compiled() - compiled_before,
+                                           "cache_kernels": warm_cache.entries()}
             with open(path, "w") as f:
                 json.dump(payload, f, indent=1, default=str)
             note = {"status": payload["status"], "elapsed_s": payload["elapsed_s"],

@@ -12,6 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Triton's cache compiled for sm_90 without a GPU (benchmarks/warm_cache.py build; ignored by git,
+# carried to the device as .triton_warm): installed first, so that the kernels it holds are not
+# compiled again here. Each stage's JSON says how many kernels it still compiled (triton_cache).
+if [[ -f .triton_warm/triton_sm90.tar.xz ]]; then
+  python benchmarks/warm_cache.py install || echo "warm Triton cache: not installed" >&2
+fi
 if [[ "${1:-}" == "tests" ]]; then
   # Compiling, on the host, is most of these tests' time on a GPU (the H200 run of 2026-11-26 reached
   # 93 % of them in 300 s). So: each v2 kernel in its default configuration, not its autotune space

@@ -223,6 +223,36 @@ def test_gpu_correctness_shape_checks_compile_each_kernel_once_per_shape(tmp_pat
     assert rows[False]["total"] <= 110
 
 
+def test_warm_triton_cache_is_found_by_another_process(tmp_path):
+    """benchmarks/warm_cache.py (quick: one plain call, three kernels): kernels compiled for sm_90
+    into one cache directory, packed (binaries and metadata only), installed into another by a
+    second process, are found there by a third, which compiles nothing (the build's directory is
+    gone). Failing input, shown once: with the installed file lists left pointing at the build's
+    directory, the third process compiled the 3 kernels again."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    archive = tmp_path / "warm.tar.xz"
+
+    def run(*args, cache):
+        r = subprocess.run([sys.executable, "benchmarks/warm_cache.py", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600,
+                           env={**env, "TRITON_CACHE_DIR": str(tmp_path / cache)})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r.stdout
+    run("build", "--quick", "--out", str(archive), cache="build")
+    import shutil
+    shutil.rmtree(tmp_path / "build")
+    report = json.loads(run("install", str(archive), cache="gpu").split("warm Triton cache: ")[1])
+    assert report["kernels"] == report["installed"] == report["cache_dir_kernels"] == 3
+    assert report["matches"] and not report["differs"]  # the same Triton here
+    assert not list((tmp_path / "gpu").glob("*/*.ttir"))  # binaries and metadata only
+    replay = json.loads(run("replay", "--quick", cache="gpu").strip().splitlines()[-1])
+    assert replay["compiled"] == 0
+    # and where nothing is installed, the same call compiles its three kernels
+    assert json.loads(run("replay", "--quick", cache="empty").strip().splitlines()[-1])[
+        "compiled"] == 3
+
+
 def test_first_call_script_runs(tmp_path):
     """benchmarks/first_call.py (quick: two configurations per kernel): the first call from an
     empty cache, with the space compiled in threads and one by one; both compile the same

@@ -1,0 +1,288 @@
+"""Triton's cache for the H100, compiled without a GPU and carried to the GPU machine.
+
+A GPU session pays for compiling in device minutes: the first H100 run's correctness stage spent
+most of its 191 s compiling, and a first call of the default CEM layer compiles about 150 kernels
+(``NOTES.md`` steps 12 and 20). Triton compiles for a named target anywhere
+(``compile_kernels.py``), and looks a kernel up in its cache by a key made of Triton itself (its
+version, the hashes of its Python sources and of ``libtriton``), the kernel's source and
+specialization, the target and the ``ptxas`` version, the compile options and a few environment
+variables, none of which says on which machine it was compiled. So:
+
+``build``
+    runs the GPU script's calls on CPU tensors along cemlib's GPU path with a stand-in ``sm_90``
+    driver (``host_overhead.gpu_paths``: launches do nothing, so nothing is computed; every
+    kernel is compiled, with the autotune spaces where the GPU autotunes): the correctness
+    stage's shape checks and ``every_config_v2``, the attention stage's CEM methods (one length:
+    the others are multiples of the tiles, the same specialization) and the MLP stage's steps
+    (a few rows: only the widths specialize). Then packs each kernel's binary and metadata (not
+    its intermediate representations) with a manifest of what the key depends on into
+    ``.triton_warm/triton_sm90.tar.xz`` (about 7 MB; ignored by git, carried to the device with
+    ``carry``).
+``install``
+    unpacks it into this machine's Triton cache (``TRITON_CACHE_DIR``, default
+    ``~/.triton/cache``), rewrites each kernel's file list to where it now lies (Triton stores
+    absolute paths), and says whether this machine's Triton and ``ptxas`` match the manifest. A
+    kernel that does not match is simply compiled again on the GPU: the cache can only save
+    time. ``benchmarks/run_gpu.sh`` installs it when it is there, and ``gpu_kernels.py`` records
+    per stage how many kernels it still compiled (``triton_cache``), which says on the GPU
+    whether the carried kernels were found.
+
+Build with the GPU machine's Triton (3.6.0 on the H100 and H200 images, Python 3.12): the key
+holds Triton's own hashes, and ``libtriton`` differs between Python versions. Usage::
+
+    python benchmarks/warm_cache.py build [--quick] [--out FILE]
+    python benchmarks/warm_cache.py install [FILE]
+    python benchmarks/warm_cache.py replay --quick   # the quick build's call: kernels compiled
+
+Relies on Triton internals (its cache layout, ``triton_key``, ``get_ptxas_version``), checked on
+Triton 3.6 and 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import platform
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ARCHIVE = HERE.parent / ".triton_warm" / "triton_sm90.tar.xz"
+ARCH = 90
+KEPT = (".cubin", ".json")  # what loading a cached kernel reads: its binary and metadata
+
+
+def cache_dir() -> Path:
+    """This process's Triton cache directory (``TRITON_CACHE_DIR``, else ``~/.triton/cache``)."""
+    from triton import knobs
+    return Path(knobs.cache.dir)
+
+
+def entries(directory: str | Path | None = None) -> int:
+    """Kernels in a Triton cache directory: one group file (``__grp__*.json``) per compiled
+    kernel. 0 where the directory does not exist."""
+    directory = Path(directory) if directory is not None else cache_dir()
+    return sum(1 for _ in directory.glob("*/__grp__*.json")) if directory.is_dir() else 0
+
+
+def compiled(directory: str | Path | None = None) -> int:
+    """Kernels compiled into a Triton cache directory on this machine: each compilation writes
+    its intermediate representations (one ``.ttir`` file per kernel), which an installed kernel
+    does not carry. A kernel compiled again over an installed one (its key matched nothing
+    installed, or its files did not load) counts too."""
+    directory = Path(directory) if directory is not None else cache_dir()
+    return sum(1 for _ in directory.glob("*/*.ttir")) if directory.is_dir() else 0
+
+
+def fingerprint(arch: int = ARCH) -> dict:
+    """What a cached kernel's key depends on besides the kernel: Triton's version and own key
+    (hashed), the ``ptxas`` version the target compiles with, the environment variables Triton
+    puts in its keys (those set), and Python's version (for the record)."""
+    import triton
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.backends.nvidia.compiler import get_ptxas_version
+    from triton.runtime.cache import triton_key
+    return {"triton": triton.__version__,
+            "triton_key_sha256": hashlib.sha256(triton_key().encode()).hexdigest(),
+            "ptxas": get_ptxas_version(arch).strip().splitlines()[-1],
+            "env_vars": dict(sorted(get_cache_invalidating_env_vars().items())),
+            "python": platform.python_version()}
+
+
+# ------------------------------------------------------------------------------------ build
+
+def _compile_calls(quick: bool) -> dict:
+    """Run the GPU script's kernel calls on CPU tensors with the stand-in driver (set up by the
+    caller); returns the kernels compiled per part."""
+    import torch
+
+    import bench_attention
+    import bench_mlp
+    import gpu_kernels
+    from cemlib.kernels import reference
+    from cemlib.kernels import tied_attention_v2 as v2
+
+    cpu = torch.device("cpu")
+    parts = {}
+
+    def part(name, run):
+        before = compiled()
+        t0 = time.monotonic()
+        run()
+        parts[name] = {"kernels": compiled() - before, "seconds": round(time.monotonic() - t0, 1)}
+        print(f"{name}: {parts[name]['kernels']} kernels in {parts[name]['seconds']} s", flush=True)
+
+    if quick:  # one plain call, default configurations: three kernels
+        def one_call():
+            with gpu_kernels.default_configurations():
+                x = bench_attention.attention_inputs(1, 2, 64, 16, 32, torch.float16, cpu)
+                fn, inputs, _ = bench_attention.method("cem_v2", x, 0.25,
+                                                       reference.alibi_slopes(2), 64, cpu)
+                bench_attention.fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])[0]["fwd_bwd"]()
+        part("quick", one_call)
+        return parts
+
+    s = gpu_kernels.SETTINGS["gpu"]
+    errors = []
+
+    def record(what, shape, dtype, run):
+        try:
+            run()
+        except Exception as err:  # noqa: BLE001 - reported; the other calls still compile
+            errors.append(f"{what} {shape} {dtype}: {type(err).__name__}: {err}"[:300])
+
+    def shape_checks():
+        with gpu_kernels.default_configurations():
+            gpu_kernels._shape_checks(s, cpu, record, {})
+    part("correctness: shape checks", shape_checks)
+    part("correctness: every_config_v2", lambda: gpu_kernels.every_config_check(
+        cpu, s["dtypes"][0], s["check_every_config"], None, float("inf"), gpu_options=True))
+
+    def attention():
+        a = s["attention"]
+        T = a["Ts"][0]  # every T of the table is a multiple of the tiles: one specialization
+        # B = 2 instead of 8: the batch is neither 1 nor a multiple of 16 either way (Triton
+        # specializes integers on those), and the CPU's bf16 products of the default layer's
+        # shared pair cost a quarter
+        x = bench_attention.attention_inputs(2, a["H"], T, a["d"], a["H"] * a["d"], a["dtype"], cpu)
+        slopes = reference.alibi_slopes(a["H"]).to(torch.float32)
+        for name in s["methods"]:
+            if name.startswith("sdpa"):
+                continue
+            fn, inputs, rec = bench_attention.method(name, x, a["d"] ** -0.5, slopes, T, cpu)
+            if fn is not None:  # the forward alone (no grad) and forward+backward, as timed
+                calls = bench_attention.fwd_and_fwd_bwd(fn, inputs, x["do"], x["doe"])[0]
+                record(name, [2, a["H"], T, a["d"]], a["dtype"],
+                       lambda calls=calls: (calls["fwd"](), calls["fwd_bwd"]()))
+    part("attention and profile", attention)
+
+    def mlp():
+        for Dh in s["mlp"]["widths"]:
+            # 64 rows instead of 8192: a multiple of 16 either way, and the CPU's products small
+            (u, V, gamma), dy = bench_mlp.step_inputs(64, Dh, bench_mlp.MULT * Dh,
+                                                      torch.bfloat16, cpu)
+            for name, step in bench_mlp.step_methods(False, ("v2", "v1")).items():
+                def run(step=step):
+                    leaves = [t.clone().requires_grad_() for t in (u, V, gamma)]
+                    step(*leaves).backward(dy)
+                record(f"mlp_{name}", [64, Dh], torch.bfloat16, run)
+    part("mlp", mlp)
+    v2._tuned.clear()
+    if errors:
+        parts["errors"] = errors
+    return parts
+
+
+def build(out: Path, quick: bool = False, argv=None) -> dict:
+    """Compile (into the empty cache directory this process was started with) and pack."""
+    import host_overhead
+    directory = cache_dir()
+    if entries(directory):
+        sys.exit(f"build needs an empty Triton cache; {directory} holds {entries(directory)} kernels")
+    host_overhead.gpu_paths()
+    t0 = time.monotonic()
+    parts = _compile_calls(quick)
+    manifest = {"benchmark": "warm_cache", "arch": f"sm_{ARCH}", "fingerprint": fingerprint(),
+                "kernels": entries(directory), "parts": parts, "quick": quick,
+                "build_dir": "<temporary>", "compile_s": round(time.monotonic() - t0, 1),
+                "env": host_overhead.run_env(),
+                "command": host_overhead.command_line(__file__, argv)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    with tarfile.open(tmp, "w:xz") as tar:
+        data = json.dumps(manifest, indent=1).encode()
+        info = tarfile.TarInfo("manifest.json")
+        info.size, info.mtime = len(data), int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+        for path in sorted(directory.glob("*/*")):
+            if path.suffix in KEPT:
+                tar.add(path, arcname=f"cache/{path.parent.name}/{path.name}")
+    tmp.replace(out)
+    print(f"{manifest['kernels']} kernels, {out.stat().st_size / 2**20:.1f} MiB -> {out}")
+    return manifest
+
+
+# ---------------------------------------------------------------------------------- install
+
+def install(archive: Path, directory: Path | None = None) -> dict:
+    """Unpack ``archive`` into the Triton cache ``directory`` (default this process's), files
+    already there kept, each group's file list pointed at where its files now lie; and compare
+    the manifest's fingerprint with this machine's."""
+    directory = Path(directory) if directory is not None else cache_dir()
+    added = 0
+    with tarfile.open(archive, "r:xz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if not member.isfile() or len(parts) != 3 or parts[0] != "cache" or \
+                    Path(parts[2]).suffix not in KEPT or ".." in parts:
+                continue
+            target = directory / parts[1] / parts[2]
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = tar.extractfile(member).read()
+            if parts[2].startswith("__grp__"):
+                group = json.loads(data)
+                group["child_paths"] = {
+                    child: str(directory / parts[1] / Path(path).name)
+                    for child, path in group.get("child_paths", {}).items()
+                    if Path(path).suffix in KEPT}
+                data = json.dumps(group).encode()
+                added += 1
+            target.write_bytes(data)
+    here = fingerprint()
+    differs = sorted(k for k in ("triton", "triton_key_sha256", "ptxas", "env_vars")
+                     if manifest["fingerprint"].get(k) != here.get(k))
+    report = {"archive": archive.name, "kernels": manifest["kernels"], "installed": added,
+              "cache_dir_kernels": entries(directory), "matches": not differs,
+              "differs": {k: {"archive": manifest["fingerprint"].get(k), "here": here.get(k)}
+                          for k in differs}}
+    print("warm Triton cache:", json.dumps(report), flush=True)
+    return report
+
+
+def replay(quick: bool) -> dict:
+    """The build's calls again (stand-in driver), reporting how many kernels they compiled: 0
+    when the cache installed here holds them all."""
+    import host_overhead
+    host_overhead.gpu_paths()
+    before = compiled()
+    parts = _compile_calls(quick)
+    report = {"compiled": compiled() - before, "parts": parts}
+    print(json.dumps(report))
+    return report
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="compile for sm_90 without a GPU and pack")
+    b.add_argument("--quick", action="store_true", help="one small call (3 kernels): a check")
+    b.add_argument("--out", type=Path, default=ARCHIVE)
+    i = sub.add_parser("install", help="unpack into this machine's Triton cache")
+    i.add_argument("archive", type=Path, nargs="?", default=ARCHIVE)
+    r = sub.add_parser("replay", help="the build's calls again: how many kernels still compile")
+    r.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.command == "install":
+        return install(args.archive)
+    sys.path.insert(0, str(HERE))
+    if args.command == "replay":
+        return replay(args.quick)
+    return build(args.out, args.quick, argv)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("build", "replay"):
+        os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels, never the interpreter
+        if sys.argv[1] == "build" and "TRITON_CACHE_DIR" not in os.environ:
+            os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="cemlib_triton_warm_")
+    sys.path.insert(0, str(HERE.parent))
+    main()
