@@ -16,8 +16,9 @@ variables, none of which says on which machine it was compiled. So:
     the others are multiples of the tiles, the same specialization) and the MLP stage's steps
     (a few rows: only the widths specialize). Then packs each kernel's binary and metadata (not
     its intermediate representations) with a manifest of what the key depends on into
-    ``.triton_warm/triton_sm90.tar.xz`` (about 7 MB; ignored by git, carried to the device with
-    ``carry``).
+    ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
+    its manifest, with the kernels and compile seconds per part, also goes to
+    ``results/warm_cache_sm90.json``).
 ``install``
     unpacks it into this machine's Triton cache (``TRITON_CACHE_DIR``, default
     ``~/.triton/cache``), rewrites each kernel's file list to where it now lies (Triton stores
@@ -30,7 +31,7 @@ variables, none of which says on which machine it was compiled. So:
 Build with the GPU machine's Triton (3.6.0 on the H100 and H200 images, Python 3.12): the key
 holds Triton's own hashes, and ``libtriton`` differs between Python versions. Usage::
 
-    python benchmarks/warm_cache.py build [--quick] [--out FILE]
+    python benchmarks/warm_cache.py build [--quick] [--out FILE] [--manifest FILE]
     python benchmarks/warm_cache.py install [FILE]
     python benchmarks/warm_cache.py replay --quick   # the quick build's call: kernels compiled
 
@@ -179,8 +180,9 @@ def _compile_calls(quick: bool) -> dict:
     return parts
 
 
-def build(out: Path, quick: bool = False, argv=None) -> dict:
-    """Compile (into the empty cache directory this process was started with) and pack."""
+def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None = None) -> dict:
+    """Compile (into the empty cache directory this process was started with) and pack; the
+    manifest is also written to ``manifest_out`` (the archive itself is not kept in git)."""
     import host_overhead
     directory = cache_dir()
     if entries(directory):
@@ -204,7 +206,11 @@ def build(out: Path, quick: bool = False, argv=None) -> dict:
             if path.suffix in KEPT:
                 tar.add(path, arcname=f"cache/{path.parent.name}/{path.name}")
     tmp.replace(out)
-    print(f"{manifest['kernels']} kernels, {out.stat().st_size / 2**20:.1f} MiB -> {out}")
+    manifest["archive_mib"] = round(out.stat().st_size / 2**20, 2)
+    print(f"{manifest['kernels']} kernels, {manifest['archive_mib']} MiB -> {out}")
+    if manifest_out is not None:
+        from outputs import write_json
+        write_json(manifest, manifest_out, manifest_out, replace=True)
     return manifest
 
 
@@ -266,6 +272,9 @@ def main(argv=None):
     b = sub.add_parser("build", help="compile for sm_90 without a GPU and pack")
     b.add_argument("--quick", action="store_true", help="one small call (3 kernels): a check")
     b.add_argument("--out", type=Path, default=ARCHIVE)
+    b.add_argument("--manifest", type=Path, default=None,
+                   help="also write the manifest here (default: results/warm_cache_sm90.json, "
+                        "none with --quick)")
     i = sub.add_parser("install", help="unpack into this machine's Triton cache")
     i.add_argument("archive", type=Path, nargs="?", default=ARCHIVE)
     r = sub.add_parser("replay", help="the build's calls again: how many kernels still compile")
@@ -276,7 +285,8 @@ def main(argv=None):
     sys.path.insert(0, str(HERE))
     if args.command == "replay":
         return replay(args.quick)
-    return build(args.out, args.quick, argv)
+    manifest = args.manifest or (None if args.quick else HERE / "results" / "warm_cache_sm90.json")
+    return build(args.out, args.quick, argv, manifest)
 
 
 if __name__ == "__main__":
