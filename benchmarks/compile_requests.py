@@ -42,7 +42,7 @@ from triton import knobs  # noqa: E402
 import gpu_kernels  # noqa: E402
 from cemlib.kernels import direct_launch  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
-from outputs import RESULTS, announce, write_json  # noqa: E402
+from outputs import RESULTS, add_output_arguments, announce, write_json  # noqa: E402
 
 
 def count_shape_checks(autotune: bool, settings: str = "gpu") -> dict:
@@ -97,9 +97,7 @@ def main(argv=None):
     p.add_argument("--autotune", nargs="+", choices=("on", "off"), default=["on", "off"])
     p.add_argument("--settings", choices=tuple(gpu_kernels.SETTINGS), default="gpu",
                    help="the shapes of gpu_kernels.SETTINGS (default: the GPU run's)")
-    p.add_argument("--out", help="JSON path (default: results/compile_requests_cpu.json; an "
-                                 "existing one is kept unless --replace)")
-    p.add_argument("--replace", action="store_true")
+    add_output_arguments(p, "results/compile_requests_cpu.json")
     args = p.parse_args(argv)
     default = RESULTS / "compile_requests_cpu.json"
     announce(default, args.out, args.replace)
