@@ -27,6 +27,7 @@ Usage: ``python benchmarks/bench_mlp.py`` (GPU), ``... --memory-cpu`` (CPU predi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -51,8 +52,11 @@ H100_BANDWIDTH = 3.35e12  # bytes/s, H100 SXM HBM3 (vendor figure)
 
 
 def step_methods(use_compile: bool, include=("v2", "v1", "eager", "compile")) -> dict:
-    methods = {"v2": gated_mlp_triton.tied_gated_mlp_step, "v1": ops.tied_gated_mlp_step,
-               "eager": reference.tied_gated_mlp_step}
+    methods = {"v2": gated_mlp_triton.tied_gated_mlp_step,
+               # v2 with dV's two products apart, then added (``gated_mlp_triton.DV_PRODUCTS``)
+               "v2_separate_dv": functools.partial(gated_mlp_triton.tied_gated_mlp_step,
+                                                   dv_products="separate"),
+               "v1": ops.tied_gated_mlp_step, "eager": reference.tied_gated_mlp_step}
     if use_compile:
         methods["compile"] = torch.compile(reference.tied_gated_mlp_step)
     return {k: v for k, v in methods.items() if k in include}

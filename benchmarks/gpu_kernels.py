@@ -30,7 +30,9 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
 ``mlp`` (75)
     the tied MLP step v2 and v1 against eager (``bench_mlp.measure``), time and peak memory, with
     the v2/eager ratios next to the target (time <= 1, memory <= 0.7) and the CPU prediction
-    (``results/mlp_memory_cpu.json``); then v2 and eager profiled side by side at each width as
+    (``results/mlp_memory_cpu.json``), and v2 with ``dV``'s two products computed apart
+    (``v2_separate_dv``: whether the ``addmm_`` accumulation is what D_h = 768 loses on); then
+    v2 (both ways) and eager profiled side by side at each width as
     in ``profile`` (wall, kernel and CUDA-graph time; the longest kernels), which says whether a
     width where v2 misses (D_h = 768 on the H100) loses in its kernels or in host time.
 ``train`` (180)
@@ -642,7 +644,8 @@ def mlp(s, device, deadline):
     peak = common.measured_peak_tflops(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results = bench_mlp.measure(s["mlp"]["N"], s["mlp"]["widths"], dtype, device, s["rep"],
-                                peak["tflops"], bench_mlp.step_methods(False, ("v2", "v1", "eager")),
+                                peak["tflops"],
+                                bench_mlp.step_methods(False, ("v2", "v2_separate_dv", "v1", "eager")),
                                 deadline=deadline)
     ratios = bench_mlp.ratios(results)
     verdict = {k: {"time_met": v.get("time", float("inf")) <= MLP_TIME_TARGET,
@@ -656,6 +659,7 @@ def mlp(s, device, deadline):
             prediction = json.load(f).get("v2_over_eager_peak")
     return {"peak_gemm": peak, "results": results, "v2_over_eager": ratios,
             "v1_over_eager": bench_mlp.ratios(results, "v1"),
+            "v2_separate_dv_over_eager": bench_mlp.ratios(results, "v2_separate_dv"),
             "targets": {"time": MLP_TIME_TARGET, "memory": MLP_MEMORY_TARGET}, "verdict": verdict,
             "cpu_predicted_memory_ratio": prediction, "profile": profiled}
 
@@ -666,7 +670,7 @@ def mlp_profile(s, device, dtype, deadline) -> dict:
     kernels (a GEMM shape cuBLAS handles worse in v2's layout, an element-wise kernel) or in
     host time (the GPU waiting between launches), and which kernels take the time."""
     m, iters = s["mlp"], s["profile_iters"]
-    methods = bench_mlp.step_methods(False, ("v2", "eager"))
+    methods = bench_mlp.step_methods(False, ("v2", "v2_separate_dv", "eager"))
     rows = []
     for Dh in m["widths"]:
         inputs, dy = bench_mlp.step_inputs(m["N"], Dh, bench_mlp.MULT * Dh, dtype, device)
@@ -680,7 +684,7 @@ def mlp_profile(s, device, dtype, deadline) -> dict:
                                                                graphed=True)))
             _print_profile("mlp profile", name, Dh, rows[-1])
     return {"iters": iters, "rows": rows,
-            "ratios": _profiled_ratios(rows, "D_h", "eager", lambda m: m == "v2")}
+            "ratios": _profiled_ratios(rows, "D_h", "eager", lambda m: m.startswith("v2"))}
 
 
 def train(s, device, deadline):

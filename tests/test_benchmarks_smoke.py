@@ -83,11 +83,15 @@ def test_gpu_script_dry_run(tmp_path):
     # CUDA-graph replay is measured on a GPU only; the ratios are there, from wall times here
     assert all(x.get("graphed_ms") is None for x in files["profile"]["rows"])
     assert "wall" in files["profile"]["ratios"]["cem_v2 / sdpa_untied T=16"]
-    assert {x["method"] for x in files["mlp"]["results"]} == {"v2", "v1", "eager"}
+    assert {x["method"] for x in files["mlp"]["results"]} == {"v2", "v2_separate_dv", "v1",
+                                                              "eager"}
+    assert set(files["mlp"]["v2_separate_dv_over_eager"]) == {"D_h=16 fwd", "D_h=16 fwd_bwd"}
     mlp_profile = files["mlp"]["profile"]
-    assert {(x["method"], x["D_h"]) for x in mlp_profile["rows"]} == {("v2", 16), ("eager", 16)}
+    assert {(x["method"], x["D_h"]) for x in mlp_profile["rows"]} == {
+        ("v2", 16), ("v2_separate_dv", 16), ("eager", 16)}
     assert all(x["wall_ms"] > 0 and x["graphed_ms"] is None for x in mlp_profile["rows"])
     assert "wall" in mlp_profile["ratios"]["v2 / eager D_h=16"]
+    assert "wall" in mlp_profile["ratios"]["v2_separate_dv / eager D_h=16"]
     assert [x["T"] for x in files["train"]["cem_over_llama"]] == [1, 2]
     again = subprocess.run(cmd + ["--stage", "mlp"], cwd=ROOT, capture_output=True, text=True,
                            timeout=600)

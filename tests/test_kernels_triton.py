@@ -346,6 +346,33 @@ def test_gated_mlp_v2_eager_is_one_autograd_function():
         assert torch.equal(a.grad, b.grad)
 
 
+@pytest.mark.parametrize("path", ["eager", "custom_ops"])
+def test_gated_mlp_v2_forms_dV_either_way(path):
+    """``dv_products``: the second half of ``dV`` added into the first's buffer (``addmm_``, the
+    default) or computed apart and added; both give the float64 reference's gradients (fp32, odd
+    shape), through the eager Function and through the custom operators that serve
+    ``torch.compile``. Failing input, shown once: with ``"separate"`` overwriting ``dV`` instead of
+    adding to it, ``dV`` was off by its whole first half (relative error ~0.7)."""
+    g = torch.Generator().manual_seed(8)
+    base = [torch.randn(7, 9, generator=g, dtype=torch.float64),
+            torch.randn(20, 9, generator=g, dtype=torch.float64) / 3,
+            torch.randn(7, 20, generator=g, dtype=torch.float64)]
+    cot = torch.randn(7, 9, generator=g, dtype=torch.float64)
+    exact = [x.clone().requires_grad_() for x in base]
+    (reference.tied_gated_mlp_step(*exact) * cot).sum().backward()
+    for mode in gated_mlp_triton.DV_PRODUCTS:
+        xs = [x.float().to(DEVICE).requires_grad_() for x in base]
+        if path == "eager":
+            y = gated_mlp_triton.tied_gated_mlp_step(*xs, dv_products=mode)
+        else:
+            y = gated_mlp_triton._step_fwd(*xs, mode)[0]
+        (y.double() * cot.to(DEVICE)).sum().backward()
+        for got, want in zip(xs, exact):
+            assert rel_err(got.grad, want.grad) < 1e-5, (mode, path)
+    with pytest.raises(ValueError, match="dv_products"):
+        gated_mlp_triton.tied_gated_mlp_step(*xs, dv_products="split")
+
+
 def test_dispatch_sends_the_mlp_step_to_v2(monkeypatch):
     calls = []
     real = gated_mlp_triton.tied_gated_mlp_step
@@ -421,8 +448,10 @@ def test_custom_ops_trace_under_torch_compile():
                                          extra_values=True, extra_head_sum=True)
         y = ops.tied_gated_mlp_step(u, V, gamma)
         y2 = gated_mlp_triton.tied_gated_mlp_step(u, V, gamma)  # v2: forward and backward ops
+        y3 = gated_mlp_triton.tied_gated_mlp_step(u, V, gamma, dv_products="separate")
         return (-lse.sum() / 0.5 + o.square().sum() + oe.square().sum() + ow.square().sum()
-                + lw.sum() + oew.square().sum() + y.square().sum() + y2.pow(3).sum())
+                + lw.sum() + oew.square().sum() + y.square().sum() + y2.pow(3).sum()
+                + y3.sin().sum())
 
     mlp = [torch.randn(2, 3, 6), torch.randn(10, 6), torch.randn(2, 3, 10)]
     xs = ([inp["q"], inp["kv"], inp["q_extra"], inp["k_extra"], wide["q_extra"], wide["k_extra"]]

@@ -13,7 +13,8 @@ element-wise work, one read of each operand and one write of each result:
                dgamma = da * SiLU(h),  dh = da * gamma * SiLU'(h)   (``_silu_gate_bwd_kernel``,
                                                                      dh overwrites da)
                du = dh V,  dV = dh^T u (GEMMs)
-               a = gamma * SiLU(h) recomputed into the same buffer, dV += a^T dy (GEMM)
+               a = gamma * SiLU(h) recomputed into the same buffer, dV += a^T dy (GEMM;
+               added into dV's buffer, or computed apart and added: ``DV_PRODUCTS``)
 
 with ``SiLU'(h) = sigma(h) (1 + h (1 - sigma(h)))``. Saved for backward: the inputs and ``h``,
 one (N, D_v) tensor (eager autograd keeps three: ``h``, ``SiLU(h)`` and ``a``); the gate
@@ -70,7 +71,17 @@ from cemlib.kernels.ops import _on_device  # Triton launches on the current CUDA
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-__all__ = ["tied_gated_mlp_step", "silu_gate", "silu_gate_backward", "ELEMENTWISE",
+#: How the backward forms ``dV = dh^T u + a^T dy``, two GEMMs whose reduction runs over the N
+#: rows into one (D_v, D_h) result: ``"accumulate"`` (the default) adds the second into the
+#: first's result (``addmm_``, beta = 1: no second (D_v, D_h) buffer); ``"separate"`` computes
+#: each into its own buffer and adds them, as eager autograd does (one more (D_v, D_h) buffer and
+#: a small addition). cuBLAS may choose differently for the two at a given shape (e.g. splitting
+#: the long reduction); the GPU script's mlp stage times both (``benchmarks/NOTES.md`` step 22).
+#: ``CEMLIB_MLP_DV`` sets the default; ``tied_gated_mlp_step(..., dv_products=...)`` one call's.
+DV_PRODUCTS = ("accumulate", "separate")
+DEFAULT_DV_PRODUCTS = os.environ.get("CEMLIB_MLP_DV", "accumulate")
+
+__all__ = ["tied_gated_mlp_step", "silu_gate", "silu_gate_backward", "ELEMENTWISE", "DV_PRODUCTS",
            "gate_forward", "gate_backward", "dplr_apply", "INTERPRET"]
 
 
@@ -328,9 +339,10 @@ def _forward(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
     return y, h
 
 
-def _backward(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor, h: Tensor):
+def _backward(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor, h: Tensor,
+              dv_products: str = "accumulate"):
     """``(du, dV, dgamma)`` from the saved ``u, V, gamma, h`` (``gamma`` contiguous); writes
-    into no saved tensor."""
+    into no saved tensor. ``dv_products``: :data:`DV_PRODUCTS`."""
     with _on_device(u):
         d = F.linear(dy, V)                         # da; becomes dh, then a
         dgamma = _gate_backward(h, gamma, d, torch.empty_like(h))  # d becomes dh
@@ -338,7 +350,10 @@ def _backward(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor, h: Tensor):
         dt = d.t()
         dV = torch.mm(dt, u)
         _gate(h, gamma, d)                          # a = gamma * SiLU(h), recomputed
-        dV.addmm_(dt, dy)
+        if dv_products == "separate":
+            dV += torch.mm(dt, dy)
+        else:
+            dV.addmm_(dt, dy)
     return du, dV, dgamma
 
 
@@ -355,40 +370,43 @@ class _TiedMLPStep(torch.autograd.Function):
     host time is time the GPU waits for."""
 
     @staticmethod
-    def forward(ctx, u, V, gamma):
+    def forward(ctx, u, V, gamma, dv_products):
         y, h = _forward(u, V, gamma)
         ctx.save_for_backward(u, V, gamma, h)
+        ctx.dv_products = dv_products
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        return _backward(dy, *ctx.saved_tensors)
+        return *_backward(dy, *ctx.saved_tensors, ctx.dv_products), None
 
 
 @custom_op("cemlib::tied_mlp_step_fwd", mutates_args=())
-def _step_fwd(u: Tensor, V: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
+def _step_fwd(u: Tensor, V: Tensor, gamma: Tensor,
+              dv_products: str = "accumulate") -> tuple[Tensor, Tensor]:
     return _forward(u, V, gamma)
 
 
 @_step_fwd.register_fake
-def _(u, V, gamma):
+def _(u, V, gamma, dv_products="accumulate"):
     return u.new_empty(u.shape), u.new_empty((u.shape[0], V.shape[0]))
 
 
 @custom_op("cemlib::tied_mlp_step_bwd", mutates_args=())
 def _step_bwd(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor,
-              h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward(dy, u, V, gamma, h)
+              h: Tensor, dv_products: str = "accumulate") -> tuple[Tensor, Tensor, Tensor]:
+    return _backward(dy, u, V, gamma, h, dv_products)
 
 
 @_step_bwd.register_fake
-def _(dy, u, V, gamma, h):
+def _(dy, u, V, gamma, h, dv_products="accumulate"):
     return u.new_empty(u.shape), V.new_empty(V.shape), gamma.new_empty(gamma.shape)
 
 
 def _step_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, output[1])  # u, V, gamma and h = u V^T
+    ctx.save_for_backward(*inputs[:3], output[1])  # u, V, gamma and h = u V^T
+    ctx.dv_products = inputs[3]
     # h is internal: no gradient flows into it, and none is materialised (a zero (N, D_v) tensor)
     ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
@@ -396,8 +414,8 @@ def _step_setup(ctx, inputs, output):
 
 def _step_backward(ctx, dy, _dh):
     if dy is None:  # grads are not materialised: y received none (h never leaves this module)
-        return None, None, None
-    return _step_bwd(dy, *ctx.saved_tensors)
+        return None, None, None, None
+    return (*_step_bwd(dy, *ctx.saved_tensors, ctx.dv_products), None)
 
 
 _step_fwd.register_autograd(_step_backward, setup_context=_step_setup)
@@ -413,12 +431,18 @@ def _(u, V, gamma):
     return u.new_empty(u.shape)
 
 
-def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
+def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor,
+                        dv_products: str | None = None) -> Tensor:
     """v2 of :func:`cemlib.kernels.reference.tied_gated_mlp_step` (same contract): returns
     ``(gamma * SiLU(u V^T)) V``; leading dimensions of ``u`` are flattened and ``gamma`` is
     broadcast to them. Without autograd (no input requires grad, or grad mode off) the gate
-    product overwrites ``h``, so the step holds one (N, D_v) buffer instead of two. Shapes are
-    not validated here (:mod:`cemlib.kernels.dispatch` does)."""
+    product overwrites ``h``, so the step holds one (N, D_v) buffer instead of two.
+    ``dv_products``: how the backward forms ``dV`` (:data:`DV_PRODUCTS`; default
+    :data:`DEFAULT_DV_PRODUCTS`). Shapes are not validated here (:mod:`cemlib.kernels.dispatch`
+    does)."""
+    dv_products = dv_products or DEFAULT_DV_PRODUCTS
+    if dv_products not in DV_PRODUCTS:
+        raise ValueError(f"dv_products must be one of {DV_PRODUCTS}, got {dv_products!r}")
     _check_interpreter_dtype(u)
     lead, Dh, Dv = u.shape[:-1], u.shape[-1], V.shape[0]
     if gamma.shape[:-1] != lead:
@@ -428,7 +452,7 @@ def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
     gamma = gamma.contiguous()
     grad = torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad)
     if torch.compiler.is_compiling():  # opaque custom ops: no graph break, no tracing into Triton
-        y = _step_fwd(u, V, gamma)[0] if grad else _step_infer(u, V, gamma)
+        y = _step_fwd(u, V, gamma, dv_products)[0] if grad else _step_infer(u, V, gamma)
     else:
-        y = _TiedMLPStep.apply(u, V, gamma) if grad else _inference(u, V, gamma)
+        y = _TiedMLPStep.apply(u, V, gamma, dv_products) if grad else _inference(u, V, gamma)
     return y if len(lead) == 1 else y.reshape(*lead, Dh)
