@@ -73,12 +73,14 @@ def test_attention_cuda_extra_pair_bf16(per_head):
         [q, kv, qe, ke], dict(scale=0.125, extra_values=True), torch.bfloat16)
 
 
-@pytest.mark.parametrize("impl", ["v1", "v2"])
+@pytest.mark.parametrize("impl", ["v1", "v2", "v2_separate_dv"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N,Dh,Dv", [(37, 96, 200), (512, 768, 2048)])
 def test_gated_mlp_step_cuda(N, Dh, Dv, dtype, impl):
     from cemlib.kernels import gated_mlp_triton
-    step = {"v1": ops.tied_gated_mlp_step, "v2": gated_mlp_triton.tied_gated_mlp_step}[impl]
+    step = {"v1": ops.tied_gated_mlp_step, "v2": gated_mlp_triton.tied_gated_mlp_step,
+            "v2_separate_dv": lambda u, V, gamma: gated_mlp_triton.tied_gated_mlp_step(
+                u, V, gamma, dv_products="separate")}[impl]
     g = torch.Generator(device=DEV).manual_seed(2)
     u = torch.randn(N, Dh, generator=g, device=DEV, dtype=torch.float64)
     V = torch.randn(Dv, Dh, generator=g, device=DEV, dtype=torch.float64) / Dh ** 0.5
