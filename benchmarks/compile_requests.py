@@ -57,20 +57,13 @@ def count_shape_checks(autotune: bool, settings: str = "gpu") -> dict:
         return True  # declined: Triton neither compiles nor launches
 
     errors = []
-
-    def record(what, shape, dtype, run):
-        try:
-            run()
-        except Exception as err:  # noqa: BLE001 - reported, the count goes on
-            errors.append(f"{what} {shape} {dtype}: {type(err).__name__}: {err}"[:300])
-
     previous, v2.AUTOTUNE = v2.AUTOTUNE, True  # cemlib's default
     knobs.runtime.jit_cache_hook = hook
     try:
         # off: as the stage runs them, inside its own default_configurations()
         with contextlib.nullcontext() if autotune else gpu_kernels.default_configurations():
             gpu_kernels._shape_checks(gpu_kernels.SETTINGS[settings], torch.device("cpu"),
-                                      record, {})
+                                      gpu_kernels.error_recorder(errors), {})
     finally:
         knobs.runtime.jit_cache_hook, v2.AUTOTUNE = None, previous
         v2._tuned.clear()

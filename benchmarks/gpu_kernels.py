@@ -230,6 +230,18 @@ def default_configurations():
         v2.AUTOTUNE = tuning
 
 
+def error_recorder(errors: list):
+    """A ``record(what, shape, dtype, run)`` for :func:`_shape_checks` that only runs each check
+    and keeps its exception, if any, as a line in ``errors`` (for scripts that replay the checks'
+    kernel calls without judging their results: ``compile_requests.py``, ``warm_cache.py``)."""
+    def record(what, shape, dtype, run):
+        try:
+            run()
+        except Exception as err:  # noqa: BLE001 - reported; the other calls still run
+            errors.append(f"{what} {shape} {dtype}: {type(err).__name__}: {err}"[:300])
+    return record
+
+
 def _shape_checks(s, device, record, availability):
     """CEM attention v1, v2 and v2 with the atomic dq against float64 (the plain call and the
     default layer's), and the tied MLP step v2 and v1, in every dtype of ``s``."""
@@ -334,7 +346,6 @@ def direct_launch_check(device, dtype, shape) -> dict:
     and through Triton's own launch path: the same compiled kernels given the same arguments, so
     outputs and gradients must be equal bit for bit (the default backward has no atomics)."""
     from cemlib.kernels import direct_launch
-    from cemlib.kernels import tied_attention_v2 as module
     fn, _ = bench_attention.implementation("v2")
     B, K, L, D = shape
     g = torch.Generator(device=device).manual_seed(3)
@@ -346,17 +357,17 @@ def direct_launch_check(device, dtype, shape) -> dict:
         return _outputs_and_grads(lambda q, kv, sb, cb: fn(q, kv, scale=D ** -0.5, alibi=alibi,
                                                           self_bias=sb, cross_bias=cb),
                                   [q, kv, sb, cb], {})
-    previous, tuning = direct_launch._enabled[0], module.AUTOTUNE
-    module.AUTOTUNE = False             # each kernel's default configuration: no tuning here
-    try:
-        direct_launch._enabled[0] = True
-        run()
-        direct = run()                  # launched from the direct path's cache
-        cached = len(direct_launch._compiled)
-        direct_launch._enabled[0] = False
-        through_triton = run()
+    previous = direct_launch._enabled[0]
+    try:  # each kernel's default configuration: no tuning here
+        with default_configurations():
+            direct_launch._enabled[0] = True
+            run()
+            direct = run()              # launched from the direct path's cache
+            cached = len(direct_launch._compiled)
+            direct_launch._enabled[0] = False
+            through_triton = run()
     finally:
-        direct_launch._enabled[0], module.AUTOTUNE = previous, tuning
+        direct_launch._enabled[0] = previous
     same = [torch.equal(a, b) for a, b in zip(direct, through_triton)]
     return {"passed": all(same), "bitwise_equal": same, "cached_kernels": cached,
             "direct_used": direct_launch.enabled() and device.type == "cuda"}

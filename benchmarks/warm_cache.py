@@ -131,12 +131,7 @@ def _compile_calls(quick: bool) -> dict:
 
     s = gpu_kernels.SETTINGS["gpu"]
     errors = []
-
-    def record(what, shape, dtype, run):
-        try:
-            run()
-        except Exception as err:  # noqa: BLE001 - reported; the other calls still compile
-            errors.append(f"{what} {shape} {dtype}: {type(err).__name__}: {err}"[:300])
+    record = gpu_kernels.error_recorder(errors)
 
     def shape_checks():
         with gpu_kernels.default_configurations():
