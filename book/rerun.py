@@ -20,6 +20,7 @@ does not exist is an error before anything runs (status 2).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -69,7 +70,90 @@ def problems(nb) -> list[str]:
                 out.append(f"cell {idx}: output contains a machine path ({m.group(0)}...)")
     if counts != list(range(1, len(counts) + 1)):
         out.append(f"cells not executed once each, top to bottom, in one kernel: {counts}")
+    live = names_from_live_runs(nb)
+    for idx, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and IGNORE_OUTPUT_TAG in cell.get("metadata", {}).get("tags", []):
+            if not live[idx]:
+                out.append(f"cell {idx}: tagged {IGNORE_OUTPUT_TAG} but uses nothing from a live training run "
+                           f"(only such cells may leave their printed numbers unchecked)")
     return out
+
+
+IGNORE_OUTPUT_TAG = "nbval-ignore-output"
+# cemlib.train's entry point (a live training run) and its checkpoint reader (a run's trained weights)
+LIVE_RUN_CALLS = ("run_experiment", "load_checkpoint")
+
+
+def _code(source: str) -> str:
+    """A cell's source without IPython magics and shell lines (which ``ast`` cannot parse)."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def names_from_live_runs(nb) -> list[bool]:
+    """For each cell of ``nb``: does it call a live training run or read its weights
+    (:data:`LIVE_RUN_CALLS`), or read a name whose value came from one? Names are followed through the notebook in order: a name bound
+    (assignment, loop, ``with``) from an expression that calls a run or reads such a name carries
+    the run's numbers on. Cells that do not parse count as not live."""
+    tainted: set[str] = set()
+    live = []
+
+    def reads_live(node) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                f = sub.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in LIVE_RUN_CALLS:
+                    return True
+            if isinstance(sub, ast.Name) and sub.id in tainted:
+                return True
+        return False
+
+    def bound(target) -> set[str]:
+        """The names an assignment target binds or changes (``runs[exp] = ...`` changes ``runs``)."""
+        if isinstance(target, ast.Name):
+            return {target.id}
+        if isinstance(target, (ast.Tuple, ast.List)):
+            return set().union(*(bound(t) for t in target.elts))
+        if isinstance(target, (ast.Starred, ast.Subscript, ast.Attribute)):
+            return bound(target.value)
+        return set()
+
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            live.append(False)
+            continue
+        try:
+            tree = ast.parse(_code(cell.source))
+        except SyntaxError:
+            live.append(False)
+            continue
+        uses = reads_live(tree)
+        changed = True
+        while changed:                         # to a fixed point: a later line may taint an earlier name
+            changed = False
+            for node in ast.walk(tree):
+                pairs = []
+                if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    pairs = [(t, node.value) for t in targets]
+                elif isinstance(node, (ast.For, ast.comprehension)):
+                    pairs = [(node.target, node.iter)]
+                elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                    pairs = [(node.optional_vars, node.context_expr)]
+                for target, value in pairs:
+                    names = bound(target) - tainted
+                    if names and reads_live(value):
+                        tainted.update(names)
+                        changed = True
+                if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                    # a method call on a name with a live argument (rows.append(live_value)) taints the name
+                    f = node.value.func
+                    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id not in tainted:
+                        if any(reads_live(a) for a in node.value.args):
+                            tainted.add(f.value.id)
+                            changed = True
+        live.append(uses or reads_live(tree))
+    return live
 
 
 class ExecutionFailed(RuntimeError):
