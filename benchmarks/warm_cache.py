@@ -13,8 +13,10 @@ variables, none of which says on which machine it was compiled. So:
     driver (``host_overhead.gpu_paths``: launches do nothing, so nothing is computed; every
     kernel is compiled, with the autotune spaces where the GPU autotunes): the correctness
     stage's shape checks and ``every_config_v2``, the attention stage's CEM methods (one length:
-    the others are multiples of the tiles, the same specialization) and the MLP stage's steps
-    (a few rows: only the widths specialize). Then packs each kernel's binary and metadata (not
+    the others are multiples of the tiles, the same specialization), the MLP stage's steps
+    (a few rows: only the widths specialize), the train stage's CEM models (one layer, a
+    training step's forward and backward at its context and width: :func:`train_models`) and
+    the GPU campaign's models with CEM layers (a training step each: :func:`campaign_models`). Then packs each kernel's binary and metadata (not
     its intermediate representations) with a manifest of what the key depends on into
     ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
     its manifest, with the kernels and compile seconds per part, also goes to
@@ -169,10 +171,98 @@ def _compile_calls(quick: bool) -> dict:
                     step(*leaves).backward(dy)
                 record(f"mlp_{name}", [64, Dh], torch.bfloat16, run)
     part("mlp", mlp)
+    part("train", lambda: train_models(s["train"], record))
+    part("campaign", lambda: campaign_models(record))
     v2._tuned.clear()
     if errors:
         parts["errors"] = errors
     return parts
+
+
+TRAIN_BATCH = 16  # the train stage's 64 sequences: a multiple of 16 either way
+
+
+def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:
+    """The train stage's CEM models (each recursion depth T of ``t``), one training step's forward
+    and backward under bf16 autocast, run eagerly (``torch.compile`` calls the same kernels
+    through opaque custom ops) with every call sent to the kernels as on a GPU with tensor-core
+    dots: the kernels at the train stage's shapes (context, heads, widths), with the autotune spaces
+    the GPU's first step compiles. One layer (the others have the same shapes) and ``batch``
+    sequences; ``check_finite`` off (the stand-in driver computes nothing, so the values are
+    whatever memory held)."""
+    import dataclasses
+
+    import torch
+    import train_step
+    from cemlib.kernels import dispatch
+    from cemlib.models.lm import LanguageModel
+
+    configs = train_step.model_configs(t["widths"], t["Ts"], vocab=65, context=t["context"],
+                                       layers=1, head_dim=t["head_dim"])
+    use = _as_on_a_gpu()
+    try:
+        for name, cfg in configs:
+            if cfg.attn != "cem" and cfg.mlp != "cem":
+                continue
+            torch.manual_seed(0)
+            model = LanguageModel(dataclasses.replace(cfg, check_finite=False))
+            x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length))
+
+            def step(model=model, x=x):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = model(x)
+                logits.float().sum().backward()
+            record(name, [batch, cfg.context_length, cfg.d_model], "bf16-autocast", step)
+    finally:
+        dispatch._use_triton = use
+
+
+def _as_on_a_gpu():
+    """cemlib's dispatcher sending every call the kernels take to them, as on a GPU with
+    tensor-core dots (on CPU tensors it keeps them on PyTorch); returns the function it replaced."""
+    from cemlib.kernels import dispatch
+    use = dispatch._use_triton
+    dispatch._use_triton = lambda x, supported, dots=True: supported
+    return use
+
+
+def campaign_experiments() -> list[str]:
+    """The GPU campaign's experiments (both plans, in order) whose models hold CEM layers (the
+    attention or the MLP: the ones that call cemlib's kernels)."""
+    from cemlib.train import get_config
+    from cemlib.train.campaign import plan_runs
+    out = []
+    for run in plan_runs():
+        model = get_config(run.experiment, run.preset).model
+        if run.experiment not in out and "cem" in (model.get("attn"), model.get("mlp")):
+            out.append(run.experiment)
+    return out
+
+
+def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
+    """One training step (forward and backward of the task's loss, bf16 autocast as the trainer
+    runs on a GPU with bf16) of each model of :func:`campaign_experiments` at its ``gpu`` preset,
+    on ``batch`` training examples (the preset's 64: a multiple of 16 either way): the kernels
+    at the campaign's shapes, autotune spaces included."""
+    import torch
+    from cemlib.kernels import dispatch
+    from cemlib.train import build, get_config
+
+    use = _as_on_a_gpu()
+    try:
+        for experiment in campaign_experiments():
+            cfg = get_config(experiment, "gpu", ["model.check_finite=false"])
+            model, task = build(cfg)
+            data = task.train.batch(0, batch)
+
+            def step(model=model, task=task, data=data):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = task.loss(model, data)
+                loss.float().backward()
+            record(experiment, [batch, cfg.train.context_length, cfg.model.get("d_model")], "bf16-autocast",
+                   step)
+    finally:
+        dispatch._use_triton = use
 
 
 def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None = None) -> dict:

@@ -257,6 +257,52 @@ def test_warm_triton_cache_is_found_by_another_process(tmp_path):
         "compiled"] == 3
 
 
+TRAIN_WARM_PROBE = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+import gpu_kernels, host_overhead, warm_cache
+from cemlib.kernels import dispatch
+host_overhead.gpu_paths()
+use, errors = dispatch._use_triton, []
+with gpu_kernels.default_configurations():
+    warm_cache.train_models(dict(widths=[32], Ts=[1], context=16, head_dim=16), gpu_kernels.error_recorder(errors),
+                            batch=2)
+print(json.dumps({"compiled": warm_cache.compiled(), "errors": errors, "restored": dispatch._use_triton is use}))
+"""
+
+
+def test_warm_cache_compiles_the_train_stage_models_kernels(tmp_path):
+    """warm_cache.py's train part: a CEM model's training step (forward and backward, bf16
+    autocast, on CPU tensors with the stand-in sm_90 driver) reaches cemlib's kernels as on a GPU,
+    so their binaries at the train stage's shapes go into the carried cache; the dispatcher is
+    restored afterwards. Failing input, shown once: without sending the calls to the kernels (the
+    CPU's dispatch), the step compiled 0 kernels."""
+    pytest.importorskip("triton")
+    r = subprocess.run([sys.executable, "-c", TRAIN_WARM_PROBE], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT),
+                                         "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["errors"] == [] and got["restored"]
+    assert got["compiled"] >= 4     # the attention's forward and backward, the MLP step's kernels
+
+
+def test_warm_cache_covers_the_campaigns_models_with_cem_layers():
+    """The campaign part of the warm cache: every experiment of the GPU campaign's plans whose model
+    holds a CEM attention or MLP layer, once each, and none without (they call no cemlib kernel)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import warm_cache
+    from cemlib.train import get_config
+    from cemlib.train.campaign import plan_runs
+
+    got = warm_cache.campaign_experiments()
+    assert len(got) == len(set(got))
+    assert {"shakespeare-cem", "shakespeare-cem-attn", "shakespeare-cem-mlp", "shakespeare-cem-t2"} <= set(got)
+    for experiment in {r.experiment for r in plan_runs()}:
+        model = get_config(experiment, "gpu").model
+        assert (experiment in got) == ("cem" in (model.get("attn"), model.get("mlp"))), experiment
+
+
 def test_first_call_script_runs(tmp_path):
     """benchmarks/first_call.py (quick: two configurations per kernel): the first call from an
     empty cache, with the space compiled in threads and one by one; both compile the same
