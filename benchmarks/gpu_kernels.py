@@ -709,7 +709,7 @@ def train(s, device, deadline):
                                        layers=t["layers"], head_dim=t["head_dim"])
     rows = train_step.run(configs, batch=t["batch"], device=device, bf16=gpu,
                           compile_=t["compile"] and gpu, warmup=t["warmup"], iters=t["iters"],
-                          peak=peak, deadline=deadline, profile=gpu)
+                          peak=peak, deadline=deadline, profile=gpu, compiled=triton_compiled)
     return {"settings": {k: v for k, v in t.items()}, "peak_flops": peak,
             "peak_source": "measured bf16 8192^3 matmul" if gpu else None,
             "dtype": "bf16-autocast" if gpu else "float32", "rows": rows,

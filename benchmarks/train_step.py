@@ -159,11 +159,15 @@ def model_configs(widths, Ts, *, vocab, context, layers, head_dim):
 
 
 def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline=None,
-        profile=False) -> list:
+        profile=False, compiled=None) -> list:
     """One row per configuration (MFU against ``peak`` FLOP/s; with ``profile``, the GPU time of
     two more steps by kernel family). With a ``deadline`` (``time.monotonic()``), a configuration
     is skipped (and recorded so) when the previous one's wall time (building, compiling, timing)
-    would end past it."""
+    would end past it. ``compiled``: a count of the kernels compiled so far into Triton's cache
+    (``warm_cache.compiled``; ``None`` where it cannot count): each row then says how many its
+    configuration compiled (``triton_kernels_compiled``, cemlib's and Inductor's together; a kernel
+    found in the cache, carried there by ``warm_cache.py`` or compiled by an earlier row, is not
+    counted)."""
     rows, last = [], 0.0
     for name, cfg in configs:
         if deadline is not None and time.monotonic() + last > deadline:
@@ -171,14 +175,19 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
             print(f"{name:16s} skipped (time budget)", flush=True)
             continue
         t0 = time.monotonic()
+        before = compiled() if compiled is not None else None
         row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters,
                                           profile)}
         last = row["wall_s"] = time.monotonic() - t0
+        if before is not None:
+            row["triton_kernels_compiled"] = compiled() - before
         row["mfu"] = mfu(row["forward_flops_per_token"], row["tokens_per_s"], peak)
         rows.append(row)
         print(f"{name:16s} {1e3 * row['median_s']:8.2f} ms/step  {row['tokens_per_s']:10.0f} tok/s  "
               f"MFU {row['mfu'] if row['mfu'] is None else round(row['mfu'], 3)}  "
-              f"graph breaks {row['graph_breaks']}", flush=True)
+              f"graph breaks {row['graph_breaks']}"
+              + (f"  Triton kernels compiled {row['triton_kernels_compiled']}"
+                 if "triton_kernels_compiled" in row else ""), flush=True)
         if row.get("gpu_kernels"):
             k = row["gpu_kernels"]
             print(f"{'':16s} GPU {k['total_ms_per_step']:.2f} ms/step in {k['kernels_per_step']:.0f} "

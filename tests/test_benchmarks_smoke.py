@@ -335,6 +335,27 @@ def test_train_step_sorts_kernels_into_families():
     assert k["longest"][0] == {"name": "nvjet_tst_128x256_h_bz", "ms_per_step": 3.0}
 
 
+def test_train_step_counts_the_kernels_each_model_compiled():
+    """A train-stage row says how many kernels its model compiled into Triton's cache (the
+    counter's difference around the row: what says on a GPU whether the carried cache was found);
+    without a counter (CPU, dry run) the row has no such field."""
+    import torch
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+    configs = train_step.model_configs([16], [1], vocab=11, context=8, layers=1, head_dim=8)
+    counts = iter([5, 9, 9, 9])          # Llama compiles 4, CEM none
+
+    rows = train_step.run(configs, batch=2, device=torch.device("cpu"), bf16=False, compile_=False, warmup=0,
+                          iters=1, peak=None, compiled=lambda: next(counts))
+    assert [r["triton_kernels_compiled"] for r in rows] == [4, 0]
+    rows = train_step.run(configs[:1], batch=2, device=torch.device("cpu"), bf16=False, compile_=False,
+                          warmup=0, iters=1, peak=None)
+    assert "triton_kernels_compiled" not in rows[0]
+
+
 def test_train_step_records_graph_break_reasons():
     """The train stage records how many graph breaks a compiled model had and why (the H100 run
     recorded 10 for CEM and no reason; they came from the dispatcher's ``find_spec``)."""
