@@ -6,6 +6,9 @@
 #   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel and no-sync tests on the GPU
 #                                                         (e.g. -x -rf: stop at the first failure;
 #                                                         default configurations, 8 workers: below)
+#   bash benchmarks/run_gpu.sh campaign [run options]     the training campaign's runs
+#                                                         (python -m cemlib.train.campaign run ...)
+#                                                         with the carried kernels installed first
 # A copy of the tree without .git records its commit from CEMLIB_GIT_COMMIT
 # (cemlib.train.results.git_commit). The project's pytest options load nbval; -o addopts=-ra drops
 # them, so a GPU image without the book's toolchain runs the tests.
@@ -17,6 +20,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # compiled again here. Each stage's JSON says how many kernels it still compiled (triton_cache).
 if [[ -f .triton_warm/triton_sm90.tar.xz ]]; then
   python benchmarks/warm_cache.py install || echo "warm Triton cache: not installed" >&2
+fi
+if [[ "${1:-}" == "campaign" ]]; then
+  # warm_cache.py build compiles the campaign's models with CEM layers at their gpu presets too
+  exec python -m cemlib.train.campaign run "${@:2}"
 fi
 if [[ "${1:-}" == "tests" ]]; then
   # Compiling, on the host, is most of these tests' time on a GPU (the H200 run of 2026-11-26 reached
