@@ -6,9 +6,11 @@
 
 A notebook is written back only if the fresh run passes the checks that CI relies on: no error
 output (except in cells tagged ``raises-exception``), cells executed once each, top to bottom, in
-one kernel, and no path of this machine in any output. Chapters run with ``CEMLIB_DEVICE=cpu`` and
-the portable CPU numerics of ``book/portable_numerics.py`` (as under nbval), so the committed outputs
-are the CPU reference that nbval compares against on any x86-64 machine.
+one kernel, no path of this machine in any output, and ``nbval-ignore-output`` only on cells that
+print numbers of a live training run. Chapters run with ``CEMLIB_DEVICE=cpu`` and the portable CPU
+numerics of ``book/portable_numerics.py`` (as under nbval), so the committed outputs are the CPU
+reference that nbval compares against on any x86-64 machine (except a live float32 training run's
+numbers, which still depend on the processor: those cells carry the tag).
 
 One notebook that fails (unreadable, a dead kernel, a cell over the timeout, refused by the checks)
 is named with the cause (the cell, where there is one) and the others still run; the exit status
@@ -51,7 +53,9 @@ def _machine_path_pattern() -> re.Pattern:
 
 
 def problems(nb) -> list[str]:
-    """What is wrong with an executed notebook, as a list of messages (empty if nothing)."""
+    """What is wrong with an executed notebook, as a list of messages (empty if nothing): errors,
+    cells not run once each in order, machine paths in outputs, and the ``nbval-ignore-output``
+    tag on a cell that reads nothing from a live training run (:func:`names_from_live_runs`)."""
     out, counts = [], []
     path_re = _machine_path_pattern()
     for idx, cell in enumerate(nb.cells):
@@ -91,9 +95,11 @@ def _code(source: str) -> str:
 
 def names_from_live_runs(nb) -> list[bool]:
     """For each cell of ``nb``: does it call a live training run or read its weights
-    (:data:`LIVE_RUN_CALLS`), or read a name whose value came from one? Names are followed through the notebook in order: a name bound
-    (assignment, loop, ``with``) from an expression that calls a run or reads such a name carries
-    the run's numbers on. Cells that do not parse count as not live."""
+    (:data:`LIVE_RUN_CALLS`), or read a name whose value came from one? Names are followed
+    through the notebook in order: a name bound (assignment, loop, ``with``) from an expression
+    that calls a run or reads such a name, or a name whose method is called with such an argument
+    (``rows.append(...)``), carries the run's numbers on. Cells that do not parse count as not
+    live."""
     tainted: set[str] = set()
     live = []
 
@@ -127,7 +133,6 @@ def names_from_live_runs(nb) -> list[bool]:
         except SyntaxError:
             live.append(False)
             continue
-        uses = reads_live(tree)
         changed = True
         while changed:                         # to a fixed point: a later line may taint an earlier name
             changed = False
@@ -152,7 +157,7 @@ def names_from_live_runs(nb) -> list[bool]:
                         if any(reads_live(a) for a in node.value.args):
                             tainted.add(f.value.id)
                             changed = True
-        live.append(uses or reads_live(tree))
+        live.append(reads_live(tree))
     return live
 
 
