@@ -182,14 +182,28 @@ def _compile_calls(quick: bool) -> dict:
 TRAIN_BATCH = 16  # the train stage's 64 sequences: a multiple of 16 either way
 
 
+def as_trained(model, compile_: bool):
+    """``model`` as a GPU run trains it: through ``torch.compile`` where the run compiles. Here
+    with the ``aot_eager`` backend: what decides the kernels' specializations is AOTAutograd,
+    which hands the attention's backward a zero tensor for the unused ``lse`` gradient (another
+    variant of its preprocess and backward kernels than the eager step's ``None``); Inductor
+    compiles nothing more of cemlib's (checked on the CPU: the same kernels with ``inductor``),
+    and ``aot_eager`` needs no C++ compiler."""
+    import torch
+    if not compile_:
+        return model
+    torch._dynamo.reset()  # a fresh model each time: no recompilation limit reached
+    return torch.compile(model, backend="aot_eager")
+
+
 def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:
     """The train stage's CEM models (each recursion depth T of ``t``), one training step's forward
-    and backward under bf16 autocast, run eagerly (``torch.compile`` calls the same kernels
-    through opaque custom ops) with every call sent to the kernels as on a GPU with tensor-core
-    dots: the kernels at the train stage's shapes (context, heads, widths), with the autotune spaces
-    the GPU's first step compiles. One layer (the others have the same shapes) and ``batch``
-    sequences; ``check_finite`` off (the stand-in driver computes nothing, so the values are
-    whatever memory held)."""
+    and backward under bf16 autocast, compiled as the stage compiles them (:func:`as_trained`;
+    the kernels run inside opaque custom operators), with every call sent to the kernels as on a
+    GPU with tensor-core dots: the kernels at the train stage's shapes (context, heads, widths),
+    with the autotune spaces the GPU's first step compiles. One layer (the others have the same
+    shapes) and ``batch`` sequences; ``check_finite`` off (the stand-in driver computes nothing,
+    so the values are whatever memory held)."""
     import dataclasses
 
     import torch
@@ -205,7 +219,8 @@ def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:
             if cfg.attn != "cem" and cfg.mlp != "cem":
                 continue
             torch.manual_seed(0)
-            model = LanguageModel(dataclasses.replace(cfg, check_finite=False))
+            model = as_trained(LanguageModel(dataclasses.replace(cfg, check_finite=False)),
+                               t.get("compile", True))
             x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length))
 
             def step(model=model, x=x):
@@ -241,9 +256,10 @@ def campaign_experiments() -> list[str]:
 
 def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
     """One training step (forward and backward of the task's loss, bf16 autocast as the trainer
-    runs on a GPU with bf16) of each model of :func:`campaign_experiments` at its ``gpu`` preset,
-    on ``batch`` training examples (the preset's 64: a multiple of 16 either way): the kernels
-    at the campaign's shapes, autotune spaces included."""
+    runs on a GPU with bf16, compiled where the preset compiles: :func:`as_trained`) of each
+    model of :func:`campaign_experiments` at its ``gpu`` preset, on ``batch`` training examples
+    (the preset's 64: a multiple of 16 either way): the kernels at the campaign's shapes,
+    autotune spaces included."""
     import torch
     from cemlib.kernels import dispatch
     from cemlib.train import build, get_config
@@ -253,6 +269,7 @@ def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
         for experiment in campaign_experiments():
             cfg = get_config(experiment, "gpu", ["model.check_finite=false"])
             model, task = build(cfg)
+            model = as_trained(model, cfg.train.compile)
             data = task.train.batch(0, batch)
 
             def step(model=model, task=task, data=data):

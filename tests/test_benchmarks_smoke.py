@@ -265,9 +265,11 @@ from cemlib.kernels import dispatch
 host_overhead.gpu_paths()
 use, errors = dispatch._use_triton, []
 with gpu_kernels.default_configurations():
-    warm_cache.train_models(dict(widths=[32], Ts=[1], context=16, head_dim=16), gpu_kernels.error_recorder(errors),
-                            batch=2)
-print(json.dumps({"compiled": warm_cache.compiled(), "errors": errors, "restored": dispatch._use_triton is use}))
+    warm_cache.train_models(dict(widths=[32], Ts=[1], context=16, head_dim=16, compile=sys.argv[1] == "compiled"),
+                            gpu_kernels.error_recorder(errors), batch=2)
+keys = sorted(d.name for d in warm_cache.cache_dir().iterdir() if list(d.glob("*.ttir")))
+print(json.dumps({"compiled": warm_cache.compiled(), "keys": keys, "errors": errors,
+                  "restored": dispatch._use_triton is use}))
 """
 
 
@@ -275,16 +277,28 @@ def test_warm_cache_compiles_the_train_stage_models_kernels(tmp_path):
     """warm_cache.py's train part: a CEM model's training step (forward and backward, bf16
     autocast, on CPU tensors with the stand-in sm_90 driver) reaches cemlib's kernels as on a GPU,
     so their binaries at the train stage's shapes go into the carried cache; the dispatcher is
-    restored afterwards. Failing input, shown once: without sending the calls to the kernels (the
-    CPU's dispatch), the step compiled 0 kernels."""
+    restored afterwards. Compiled as the stage compiles it (``aot_eager`` here), the step needs
+    other kernels than eagerly: AOTAutograd hands the attention's backward a zero ``lse`` gradient
+    where the eager step passes none, another variant of two kernels (Inductor's backend compiled
+    no further kernel of cemlib's, checked by hand), so a cache built from the eager step alone
+    would miss them. Failing inputs, shown once: without sending the calls to the kernels (the
+    CPU's dispatch), the step compiled 0 kernels; with the compiled mode run eagerly, both sets
+    were the same 8 kernels."""
     pytest.importorskip("triton")
-    r = subprocess.run([sys.executable, "-c", TRAIN_WARM_PROBE], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT),
-                                         "TRITON_CACHE_DIR": str(tmp_path / "cache")})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["errors"] == [] and got["restored"]
-    assert got["compiled"] >= 4     # the attention's forward and backward, the MLP step's kernels
+
+    def probe(mode):
+        r = subprocess.run([sys.executable, "-c", TRAIN_WARM_PROBE, mode], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600,
+                           env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT),
+                                "TRITON_CACHE_DIR": str(tmp_path / mode)})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["errors"] == [] and got["restored"]
+        assert got["compiled"] == len(got["keys"]) >= 4   # the attention's forward and backward, the MLP's
+        return set(got["keys"])
+
+    eager, compiled = probe("eager"), probe("compiled")
+    assert len(compiled - eager) >= 2, (len(eager), len(compiled), len(compiled & eager))
 
 
 def test_warm_cache_covers_the_campaigns_models_with_cem_layers():
