@@ -16,8 +16,9 @@ variables, none of which says on which machine it was compiled. So:
     the others are multiples of the tiles, the same specialization), the MLP stage's steps
     (a few rows: only the widths specialize), the train stage's CEM models (one layer, a
     training step's forward and backward at its context and width: :func:`train_models`) and
-    the GPU campaign's models with CEM layers (a training step each: :func:`campaign_models`). Then packs each kernel's binary and metadata (not
-    its intermediate representations) with a manifest of what the key depends on into
+    the GPU campaign's models with CEM layers (a training step each: :func:`campaign_models`).
+    Then packs each kernel's binary and metadata (not its intermediate representations) with a
+    manifest of what the key depends on into
     ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
     its manifest, with the kernels and compile seconds per part, also goes to
     ``results/warm_cache_sm90.json``).
@@ -44,6 +45,7 @@ Triton 3.6 and 3.9.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -196,25 +198,48 @@ def as_trained(model, compile_: bool):
     return torch.compile(model, backend="aot_eager")
 
 
+@contextlib.contextmanager
+def _as_on_a_gpu():
+    """cemlib's dispatcher sending every call the kernels take to them, as on a GPU with
+    tensor-core dots (on CPU tensors it keeps them on PyTorch), restored on exit."""
+    from cemlib.kernels import dispatch
+    use = dispatch._use_triton
+    dispatch._use_triton = lambda x, supported, dots=True: supported
+    try:
+        yield
+    finally:
+        dispatch._use_triton = use
+
+
+def _record_step(record, name, shape, loss) -> None:
+    """``record`` one training step: ``loss()`` under bf16 autocast (as the GPU runs train), then
+    its backward."""
+    import torch
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value = loss()
+        value.float().backward()
+    record(name, shape, "bf16-autocast", step)
+
+
 def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:
     """The train stage's CEM models (each recursion depth T of ``t``), one training step's forward
-    and backward under bf16 autocast, compiled as the stage compiles them (:func:`as_trained`;
-    the kernels run inside opaque custom operators), with every call sent to the kernels as on a
-    GPU with tensor-core dots: the kernels at the train stage's shapes (context, heads, widths),
-    with the autotune spaces the GPU's first step compiles. One layer (the others have the same
-    shapes) and ``batch`` sequences; ``check_finite`` off (the stand-in driver computes nothing,
-    so the values are whatever memory held)."""
+    and backward, compiled as the stage compiles them (:func:`as_trained`; the kernels run inside
+    opaque custom operators), with every call sent to the kernels as on a GPU with tensor-core
+    dots: the kernels at the train stage's shapes (context, heads, widths), with the autotune
+    spaces the GPU's first step compiles. One layer (the others have the same shapes) and
+    ``batch`` sequences; ``check_finite`` off (the stand-in driver computes nothing, so the
+    values are whatever memory held)."""
     import dataclasses
 
     import torch
     import train_step
-    from cemlib.kernels import dispatch
     from cemlib.models.lm import LanguageModel
 
     configs = train_step.model_configs(t["widths"], t["Ts"], vocab=65, context=t["context"],
                                        layers=1, head_dim=t["head_dim"])
-    use = _as_on_a_gpu()
-    try:
+    with _as_on_a_gpu():
         for name, cfg in configs:
             if cfg.attn != "cem" and cfg.mlp != "cem":
                 continue
@@ -222,23 +247,8 @@ def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:
             model = as_trained(LanguageModel(dataclasses.replace(cfg, check_finite=False)),
                                t.get("compile", True))
             x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length))
-
-            def step(model=model, x=x):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = model(x)
-                logits.float().sum().backward()
-            record(name, [batch, cfg.context_length, cfg.d_model], "bf16-autocast", step)
-    finally:
-        dispatch._use_triton = use
-
-
-def _as_on_a_gpu():
-    """cemlib's dispatcher sending every call the kernels take to them, as on a GPU with
-    tensor-core dots (on CPU tensors it keeps them on PyTorch); returns the function it replaced."""
-    from cemlib.kernels import dispatch
-    use = dispatch._use_triton
-    dispatch._use_triton = lambda x, supported, dots=True: supported
-    return use
+            _record_step(record, name, [batch, cfg.context_length, cfg.d_model],
+                         lambda model=model, x=x: model(x).float().sum())
 
 
 def campaign_experiments() -> list[str]:
@@ -255,31 +265,20 @@ def campaign_experiments() -> list[str]:
 
 
 def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
-    """One training step (forward and backward of the task's loss, bf16 autocast as the trainer
-    runs on a GPU with bf16, compiled where the preset compiles: :func:`as_trained`) of each
-    model of :func:`campaign_experiments` at its ``gpu`` preset, on ``batch`` training examples
-    (the preset's 64: a multiple of 16 either way): the kernels at the campaign's shapes,
-    autotune spaces included."""
-    import torch
-    from cemlib.kernels import dispatch
+    """One training step (forward and backward of the task's loss, compiled where the preset
+    compiles: :func:`as_trained`) of each model of :func:`campaign_experiments` at its ``gpu``
+    preset, on ``batch`` training examples (the preset's 64: a multiple of 16 either way): the
+    kernels at the campaign's shapes, autotune spaces included."""
     from cemlib.train import build, get_config
 
-    use = _as_on_a_gpu()
-    try:
+    with _as_on_a_gpu():
         for experiment in campaign_experiments():
             cfg = get_config(experiment, "gpu", ["model.check_finite=false"])
             model, task = build(cfg)
             model = as_trained(model, cfg.train.compile)
             data = task.train.batch(0, batch)
-
-            def step(model=model, task=task, data=data):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = task.loss(model, data)
-                loss.float().backward()
-            record(experiment, [batch, cfg.train.context_length, cfg.model.get("d_model")], "bf16-autocast",
-                   step)
-    finally:
-        dispatch._use_triton = use
+            _record_step(record, experiment, [batch, cfg.train.context_length, cfg.model.get("d_model")],
+                         lambda model=model, task=task, data=data: task.loss(model, data))
 
 
 def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None = None) -> dict:

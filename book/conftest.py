@@ -20,6 +20,7 @@ once, at its first call, so a variable set at collection time changed their numb
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -28,42 +29,19 @@ import portable_numerics  # noqa: E402
 
 sys.path.pop(0)
 
-KERNEL_ENV = {"CEMLIB_DEVICE": "cpu"}
-
-
-def kernel_environment(environ=None) -> dict:
-    """Set the chapter kernels' variables in ``environ`` (default ``os.environ``), keeping values
-    already there; returns the previous values (``None``: unset), for :func:`restore`."""
-    environ = os.environ if environ is None else environ
-    keys = list(KERNEL_ENV) + list(portable_numerics.PORTABLE_ENV)
-    before = {k: environ.get(k) for k in keys}
-    for key, value in KERNEL_ENV.items():
-        environ.setdefault(key, value)
-    portable_numerics.apply(environ)
-    return before
-
-
-def restore(before: dict, environ=None) -> None:
-    environ = os.environ if environ is None else environ
-    for key, value in before.items():
-        if value is None:
-            environ.pop(key, None)
-        else:
-            environ[key] = value
-
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     """Around the setup of a notebook cell (where nbval starts the chapter's kernel), the kernel's
-    environment; the process's own environment before and after is unchanged."""
+    environment: ``CEMLIB_DEVICE=cpu`` and the portable numerics, values already set kept; the
+    process's own environment is restored after (``mock.patch.dict``)."""
     if item.path.suffix != ".ipynb":
         yield
         return
-    before = kernel_environment()
-    try:
+    with mock.patch.dict(os.environ):
+        os.environ.setdefault("CEMLIB_DEVICE", "cpu")
+        portable_numerics.apply()
         yield
-    finally:
-        restore(before)
 
 
 def pytest_collectstart(collector):
