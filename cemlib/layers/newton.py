@@ -37,6 +37,7 @@ import math
 import torch
 from torch import nn
 
+from cemlib import linalg
 from cemlib.energies import helmholtz as fe
 from cemlib.layers.base import EnergyLayer, check_step_size
 from cemlib.layers.helmholtz import _SingleHeadStep
@@ -79,7 +80,7 @@ class Att2nd(_SingleHeadStep):
         p, m, hbar, g = self._stats(z, h, mask)
         eye = torch.eye(self.d, dtype=z.dtype, device=z.device)
         hess = eye - fe.weighted_mean_and_cov(p, m)[1] / self.T
-        return torch.linalg.solve(hess, g.unsqueeze(-1)).squeeze(-1)
+        return linalg.solve(hess, g.unsqueeze(-1)).squeeze(-1)
 
     def forward(self, z, h, mask=None):
         return z - self.eta * self.direction(z, h, mask)
@@ -117,7 +118,7 @@ class Att2nd1st(Att2nd):
 
 def neumann_truncation_error(A: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Predicted error of the first-order inverse: ``(I-A)^{-1} g - (I+A) g = A^2 (I-A)^{-1} g``."""
-    return A @ A @ torch.linalg.solve(torch.eye(A.shape[-1], dtype=A.dtype, device=A.device) - A, g)
+    return A @ A @ linalg.solve(torch.eye(A.shape[-1], dtype=A.dtype, device=A.device) - A, g)
 
 
 class _MultiHeadFreeEnergy(EnergyLayer):
@@ -201,10 +202,10 @@ class MHA2nd(_MultiHeadFreeEnergy):
         C = torch.eye(self.d_h, dtype=z.dtype, device=z.device) - cov / t.unsqueeze(-1)
         G = self.gram
         if self.form == "corrected":
-            y = torch.linalg.solve(G, torch.linalg.solve(C, v.unsqueeze(-1))).squeeze(-1)
+            y = linalg.solve(G, linalg.solve(C, v.unsqueeze(-1))).squeeze(-1)
             return z - self.eta / self.n_heads * torch.einsum("hcd,...hc->...d", self.W_Q, y)
         Gv = (G @ v.unsqueeze(-1))
-        y = torch.linalg.solve(G, torch.linalg.solve(C, Gv)).squeeze(-1)
+        y = linalg.solve(G, linalg.solve(C, Gv)).squeeze(-1)
         return z + self.eta / self.n_heads * torch.einsum("hcd,...hc->...d", self.W_Q, y)
 
 
@@ -236,7 +237,7 @@ class MHA2nd1st(_MultiHeadFreeEnergy):
         ``eta/H W_h^T (W_h W_h^T)^{-1}`` (corrected) or the paper's ``eta/H W_h^T``."""
         Wt = self.W_Q.transpose(-1, -2)
         if self.form == "corrected":
-            Wt = Wt @ torch.linalg.inv(self.gram)
+            Wt = Wt @ linalg.inv(self.gram)
         return eta / self.n_heads * Wt
 
     def forward(self, z, h, mask=None):
@@ -246,5 +247,5 @@ class MHA2nd1st(_MultiHeadFreeEnergy):
             return z - torch.einsum("hdc,...hc->...d", self.W_O, r)
         G = self.gram
         u = (G @ v.unsqueeze(-1)).squeeze(-1)
-        b = torch.linalg.solve(G, (_cov_times(p, k, kbar, u) / t).unsqueeze(-1)).squeeze(-1)
+        b = linalg.solve(G, (_cov_times(p, k, kbar, u) / t).unsqueeze(-1)).squeeze(-1)
         return z + torch.einsum("hdc,...hc->...d", self.W_O, v + b)

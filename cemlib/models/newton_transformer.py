@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cemlib import linalg
 from cemlib.layers.gpt import MLP, CausalSelfAttention
 from cemlib.layers.newton import MHA2nd1st
 from cemlib.models.generation import GenerationMixin
@@ -60,7 +61,7 @@ def causal_mha2nd1st_update(att: MHA2nd1st, g: torch.Tensor) -> torch.Tensor:
         return -torch.einsum("hdc,bhlc->bld", att.W_O, v + cov_times(v) / t)
     G = att.gram
     u = torch.einsum("hce,bhle->bhlc", G, v)
-    b = torch.linalg.solve(G.unsqueeze(1), (cov_times(u) / t).unsqueeze(-1)).squeeze(-1)
+    b = linalg.solve(G.unsqueeze(1), (cov_times(u) / t).unsqueeze(-1)).squeeze(-1)
     return torch.einsum("hdc,bhlc->bld", att.W_O, v + b)
 
 
