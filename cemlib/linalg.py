@@ -51,7 +51,12 @@ def needs_one_thread(A: torch.Tensor, B: torch.Tensor | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _one_thread():
+def _threads_for(A: torch.Tensor, B: torch.Tensor | None = None):
+    """One thread for the factorization of ``A`` where :func:`needs_one_thread` says so (the
+    thread count restored after, also when the call raises); otherwise nothing changes."""
+    if not needs_one_thread(A, B):
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -64,16 +69,12 @@ def solve(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """``torch.linalg.solve(A, B)``: ``X`` with ``A X = B``, ``B`` of shape ``(*, n, k)`` (same
     broadcasting), the factorization of a batch on the CPU on one thread
     (:func:`needs_one_thread`)."""
-    if needs_one_thread(A, B):
-        with _one_thread():
-            return torch.linalg.solve(A, B)
-    return torch.linalg.solve(A, B)
+    with _threads_for(A, B):
+        return torch.linalg.solve(A, B)
 
 
 def inv(A: torch.Tensor) -> torch.Tensor:
     """``torch.linalg.inv(A)``, the factorization of a batch on the CPU on one thread
     (:func:`needs_one_thread`)."""
-    if needs_one_thread(A):
-        with _one_thread():
-            return torch.linalg.inv(A)
-    return torch.linalg.inv(A)
+    with _threads_for(A):
+        return torch.linalg.inv(A)

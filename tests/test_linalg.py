@@ -23,7 +23,7 @@ CHECK = textwrap.dedent("""
     import torch
     torch.set_num_threads(2)
     from cemlib import linalg
-    from cemlib.layers.newton import Att2nd, MHA2nd1st
+    from cemlib.layers.newton import Att2nd
 
     def one_thread(fn, *args):               # the reference: PyTorch's own call on one thread
         torch.set_num_threads(1)
@@ -64,10 +64,7 @@ CHECK = textwrap.dedent("""
     layer = Att2nd(192, T=192.0)
     z, h = torch.randn(48, 192), torch.randn(24, 192)            # 48 tokens, 24 particles: 48 solves
     with torch.no_grad():
-        two = layer(z, h)
-        torch.set_num_threads(1)
-        one = layer(z, h)
-        torch.set_num_threads(2)
+        two, one = layer(z, h), one_thread(layer, z, h)
     assert torch.isfinite(two).all() and torch.allclose(two, one, rtol=1e-4, atol=1e-5)
     print("ok")
 """)
