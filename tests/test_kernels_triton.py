@@ -28,8 +28,9 @@ TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 
 def rel_err(a, b):
-    """max |a - b| / max |b| (b the trusted value), computed in float64."""
-    a, b = a.detach().double(), b.detach().double()
+    """max |a - b| / max |b| (b the trusted value), computed in float64 on the CPU (the two may
+    lie on different devices)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
