@@ -3,7 +3,7 @@
 # (benchmarks/gpu_kernels.py: correctness, autotune, attention, profile, mlp, train; one JSON per
 # stage in benchmarks/results/, resumable), or the CUDA kernel tests (a separate call).
 #   bash benchmarks/run_gpu.sh [gpu_kernels.py options]   e.g. --stage mlp train, --force
-#   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel and no-sync tests on the GPU
+#   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel and no-sync tests on the GPU, one line each
 #                                                         (e.g. -x -rf: stop at the first failure;
 #                                                         default configurations, 8 workers: below)
 #   bash benchmarks/run_gpu.sh campaign [run options]     the training campaign's runs
@@ -37,7 +37,10 @@ if [[ "${1:-}" == "tests" ]]; then
       && python -c "import xdist" 2>/dev/null; then
     workers=(-n "${CEMLIB_TEST_WORKERS:-8}")
   fi
-  exec python -m pytest -q -p no:cacheprovider -o addopts=-ra ${workers[@]+"${workers[@]}"} \
+  # -v: one line per test as it ends ("[gw3] [ 45%] FAILED tests/..."), so a call cut off by its
+  # time limit still names its failures (the H100 run of 2026-11-27 lost two that way: pytest
+  # names them only in its closing summary, and "-v" after a "-q" here only cancelled it)
+  exec python -m pytest -v -p no:cacheprovider -o addopts=-ra ${workers[@]+"${workers[@]}"} \
     tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py \
     tests/test_kernels_torch.py tests/test_no_sync.py "${@:2}"
 fi

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -392,3 +393,31 @@ def test_train_step_records_graph_break_reasons():
     n, reasons = train_step._graph_breaks()
     assert n == 1 and len(reasons) == 1 and reasons[0]["count"] == 1
     assert "graph_break" in reasons[0]["reason"]
+
+
+def test_bias_grad_rounding_formulas_are_the_gradients(tmp_path):
+    """``bias_grad_rounding.py`` emulates the v2 kernels' self/cross-bias gradients
+    (``dS_ii = P_ii (dP_ii - Delta_i)`` summed, ``dcross = sum dlse - dself``, the extra pair's
+    ``dA`` in ``dP`` and ``Delta``). Without rounding the formulas must be autograd's gradients of
+    the reference, plain and with the extra pair; failing input: ``Delta`` without the
+    ``sum_j P_ij dA_ij`` term (off by up to 2.3 in the extra case). Then the script runs and writes
+    what the results need."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bias_grad_rounding as bgr
+    from cemlib.kernels import reference
+    for extra in (False, True):
+        inputs = [None if x is None else x.double()
+                  for x in bgr._inputs((2, 3, 19, 8), extra, seed=4)]
+        alibi = reference.alibi_slopes(3)
+        exact = bgr._reference_grads(inputs, alibi, 8 ** -0.5, torch.float64)
+        got = bgr.kernel_formulas(inputs, alibi, 8 ** -0.5, round_o=True, dtype=torch.float64)
+        for a, b in zip(got, exact):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    d = _run(["benchmarks/bias_grad_rounding.py", "--seeds", "2", "--shapes", "1", "2", "16", "8"],
+             tmp_path, "bias_grad_rounding")
+    (r,) = d["results"]
+    assert r["shape"] == [1, 2, 16, 8] and r["gradients"] == 4
+    assert d["command"].endswith("--out <file>") and str(tmp_path) not in d["command"]
+    for name in ("exact_rounded", "reference_bf16", "kernel_formulas_o_bf16"):
+        assert 0 <= r[name]["median_ulp"] <= r[name]["max_ulp"] < 50
+    assert 0 <= r["kernel_formulas_o_bf16"]["criterion_failures"] <= 4
