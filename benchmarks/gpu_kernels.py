@@ -35,11 +35,14 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     v2 (both ways) and eager profiled side by side at each width as
     in ``profile`` (wall, kernel and CUDA-graph time; the longest kernels), which says whether a
     width where v2 misses (D_h = 768 on the H100) loses in its kernels or in host time.
-``train`` (180)
+``train`` (240)
     train-step tokens/s and MFU of Llama and CEM at T = 1 and T = 2 (``train_step.run``, bf16,
     ``torch.compile``, d = 768, 6 layers, context 256, batch 64), with the CEM/Llama ratios
     against the targets (T = 1: >= 0.9, T = 2: >= 0.55), and each model's GPU time per step by
-    kernel family (two profiled steps: cemlib's Triton kernels, cuBLAS, Inductor, ...).
+    kernel family (two profiled steps: cemlib's Triton kernels, cuBLAS, Inductor, ...); then the
+    three again compiled with CUDA graphs (``mode="reduce-overhead"``), which takes the host out
+    of the step: the H100 run of 2026-11-27 found the CEM steps host-bound (CEM T = 1: 15.2 ms of
+    GPU kernels in a 22.0 ms step; Llama: 18.1 in 18.8).
 
 Each stage's JSON also records ``triton_cache``: how many kernels the stage compiled into
 Triton's cache (a kernel already there, compiled by an earlier stage or carried by
@@ -96,7 +99,7 @@ from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
 
 STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
 BUDGET_S = {"correctness": 90, "autotune": 100, "attention": 110, "profile": 40, "mlp": 75,
-            "train": 180}
+            "train": 240}
 TOTAL_S = 570
 MLP_TIME_TARGET, MLP_MEMORY_TARGET = 1.0, bench_mlp.MEMORY_TARGET
 
@@ -115,7 +118,7 @@ SETTINGS = {
         sweep_rep=25,
         mlp=dict(N=bench_mlp.GPU_N, widths=bench_mlp.GPU_WIDTHS),
         train=dict(widths=[768], Ts=[1, 2], layers=6, context=256, head_dim=64, batch=64,
-                   warmup=3, iters=20, compile=True)),
+                   warmup=3, iters=20, compile=True, modes=[None, "reduce-overhead"])),
     "dry": dict(
         dtypes=(torch.float16,), rep=2,
         attention=dict(B=1, H=2, d=16, Ts=[16], dtype=torch.float32),
@@ -127,7 +130,7 @@ SETTINGS = {
         sweep_n=4096, sweep_blocks=(1024, 4096), sweep_warps=(4,), sweep_rep=2,
         mlp=dict(N=32, widths=[16]),
         train=dict(widths=[32], Ts=[1, 2], layers=1, context=16, head_dim=16, batch=2,
-                   warmup=1, iters=2, compile=False)),
+                   warmup=1, iters=2, compile=False, modes=[None])),
 }
 
 
@@ -707,9 +710,12 @@ def train(s, device, deadline):
         peak = measure_peak_flops(device)
     configs = train_step.model_configs(t["widths"], t["Ts"], vocab=65, context=t["context"],
                                        layers=t["layers"], head_dim=t["head_dim"])
-    rows = train_step.run(configs, batch=t["batch"], device=device, bf16=gpu,
-                          compile_=t["compile"] and gpu, warmup=t["warmup"], iters=t["iters"],
-                          peak=peak, deadline=deadline, profile=gpu, compiled=triton_compiled)
+    rows = []
+    for mode in t["modes"] if t["compile"] and gpu else [None]:
+        rows += train_step.run(configs, batch=t["batch"], device=device, bf16=gpu,
+                               compile_=t["compile"] and gpu, warmup=t["warmup"],
+                               iters=t["iters"], peak=peak, deadline=deadline, profile=gpu,
+                               compiled=triton_compiled, compile_mode=mode)
     return {"settings": {k: v for k, v in t.items()}, "peak_flops": peak,
             "peak_source": "measured bf16 8192^3 matmul" if gpu else None,
             "dtype": "bf16-autocast" if gpu else "float32", "rows": rows,

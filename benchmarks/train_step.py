@@ -6,14 +6,19 @@ depend on the data). Every model is built from the same :class:`cemlib.models.lm
 defaults (``check_finite`` on: since the finite checks never look at values on a GPU nor under
 ``torch.compile``, no model synchronises or breaks its graph for them), timed by the same loop,
 and, with ``--compile``, compiled the same way; the number of ``torch.compile`` graph breaks of
-each model is recorded (``torch._dynamo`` counters). On CUDA the step runs under bf16 autocast at
-mid-size widths; on CPU in float32 at small widths. Reports the median and 10/90 % quantiles of
-the step time, tokens/s, forward FLOPs per token (``cemlib.models.params.flops_per_token``), MFU
-against a stated or measured bf16 peak, peak GPU memory, and each CEM model's tokens/s over
-Llama's at the same width next to the issue's targets (T = 1: >= 0.9, T = 2: >= 0.55)::
+each model is recorded (``torch._dynamo`` counters). ``--compile-mode reduce-overhead`` compiles
+with CUDA graphs (each model alike: the step then costs no host time per kernel; the H100 run of
+2026-11-27 found the CEM models' compiled steps host-bound and Llama's not), and records how
+many graphs Inductor ran without them (``cudagraph_skips``; ``TORCH_LOGS=cudagraphs`` says why).
+On CUDA the step runs under bf16 autocast at mid-size widths; on CPU in float32 at small
+widths. Reports the median and 10/90 % quantiles of the step time, tokens/s, forward FLOPs per
+token (``cemlib.models.params.flops_per_token``), MFU against a stated or measured bf16 peak,
+peak GPU memory, and each CEM model's tokens/s over Llama's at the same width and compile mode
+next to the issue's targets (T = 1: >= 0.9, T = 2: >= 0.55)::
 
     python benchmarks/train_step.py --out bench_cpu.json                   # CPU, small
     python benchmarks/train_step.py --device cuda --compile --measure-peak --T 1 2 --out bench_gpu.json
+    python benchmarks/train_step.py --device cuda --compile --compile-mode reduce-overhead --out g.json
 """
 
 from __future__ import annotations
@@ -94,11 +99,21 @@ def profile_steps(step, device: torch.device, steps: int = 2) -> dict | None:
     return {**kernel_families(per_kernel, steps), "kernels_per_step": n / steps}
 
 
+def _cudagraph_skips() -> int:
+    """How many graphs Inductor ran without CUDA graphs since the counters were cleared (its
+    ``cudagraph_skips`` counter; ``TORCH_LOGS=cudagraphs`` prints the reasons)."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compile_: bool,
-              warmup: int, iters: int, profile: bool = False) -> dict:
+              warmup: int, iters: int, profile: bool = False,
+              compile_mode: str | None = None) -> dict:
     """Time ``warmup + iters`` training steps of ``LanguageModel(cfg)``; the median and quantiles
     of the last ``iters``; with ``profile`` (CUDA), where two more steps spend their GPU time
-    (:func:`profile_steps`)."""
+    (:func:`profile_steps`). ``compile_mode``: ``torch.compile``'s ``mode`` (``None``: its
+    default); with CUDA graphs (``"reduce-overhead"``) each step first marks a new step for
+    Inductor's graph trees, as a training loop must."""
     torch.manual_seed(0)
     model = LanguageModel(cfg).to(device)
     opt = make_optimizer(model, OptimConfig())
@@ -106,7 +121,9 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
         torch._dynamo.reset()
         from torch._dynamo.utils import counters
         counters.clear()
-    step_model = torch.compile(model) if compile_ else model
+    step_model = torch.compile(model, mode=compile_mode) if compile_ else model
+    graphs = compile_ and compile_mode is not None and bool(
+        torch._inductor.list_mode_options(compile_mode).get("triton.cudagraphs"))
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -114,6 +131,8 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
         torch.cuda.reset_peak_memory_stats(device)
 
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with ctx():
             logits = step_model(x)
         loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), x.reshape(-1))
@@ -130,6 +149,7 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     breaks = _graph_breaks() if compile_ else None
+    skips = _cudagraph_skips() if graphs else None
     kernels = profile_steps(step, device) if profile else None
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     med = statistics.median(times)
@@ -139,8 +159,10 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
             "params": model.num_parameters(),
             "median_s": med, "p10_s": q[0], "p90_s": q[-1], "tokens_per_s": batch * cfg.context_length / med,
             "forward_flops_per_token": flops_per_token(cfg),
+            "compile_mode": (compile_mode or "default") if compile_ else None,
             "graph_breaks": breaks[0] if compile_ else None,
             "graph_break_reasons": breaks[1] if compile_ else None,
+            "cudagraph_skips": skips,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "gpu_kernels": kernels}
 
@@ -159,7 +181,7 @@ def model_configs(widths, Ts, *, vocab, context, layers, head_dim):
 
 
 def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline=None,
-        profile=False, compiled=None) -> list:
+        profile=False, compiled=None, compile_mode=None) -> list:
     """One row per configuration (MFU against ``peak`` FLOP/s; with ``profile``, the GPU time of
     two more steps by kernel family). With a ``deadline`` (``time.monotonic()``), a configuration
     is skipped (and recorded so) when the previous one's wall time (building, compiling, timing)
@@ -167,7 +189,8 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
     (``warm_cache.compiled``; ``None`` where it cannot count): each row then says how many its
     configuration compiled (``triton_kernels_compiled``, cemlib's and Inductor's together; a kernel
     found in the cache, carried there by ``warm_cache.py`` or compiled by an earlier row, is not
-    counted)."""
+    counted). ``compile_mode``: ``torch.compile``'s mode for every configuration. A configuration
+    that raises is recorded with its error, and the next one runs."""
     rows, last = [], 0.0
     for name, cfg in configs:
         if deadline is not None and time.monotonic() + last > deadline:
@@ -176,8 +199,15 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
             continue
         t0 = time.monotonic()
         before = compiled() if compiled is not None else None
-        row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters,
-                                          profile)}
+        try:
+            row = {"model": name, **bench_one(cfg, batch, device, bf16, compile_, warmup, iters,
+                                              profile, compile_mode)}
+        except Exception as err:  # a model that fails (e.g. under CUDA graphs) is a result
+            last = time.monotonic() - t0
+            rows.append({"model": name, "compile_mode": compile_mode,
+                         "error": f"{type(err).__name__}: {err}"[:500], "wall_s": last})
+            print(f"{name:16s} failed: {rows[-1]['error']}", flush=True)
+            continue
         last = row["wall_s"] = time.monotonic() - t0
         if before is not None:
             row["triton_kernels_compiled"] = compiled() - before
@@ -186,6 +216,8 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
         print(f"{name:16s} {1e3 * row['median_s']:8.2f} ms/step  {row['tokens_per_s']:10.0f} tok/s  "
               f"MFU {row['mfu'] if row['mfu'] is None else round(row['mfu'], 3)}  "
               f"graph breaks {row['graph_breaks']}"
+              + (f"  mode {row['compile_mode']}, graphs skipped {row['cudagraph_skips']}"
+                 if row["cudagraph_skips"] is not None else "")
               + (f"  Triton kernels compiled {row['triton_kernels_compiled']}"
                  if "triton_kernels_compiled" in row else ""), flush=True)
         if row.get("gpu_kernels"):
@@ -197,14 +229,17 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
 
 
 def ratios_to_llama(rows) -> list[dict]:
-    """Each CEM row's tokens/s over Llama's at the same width, with the target for its T."""
-    llama = {r["d_model"]: r for r in rows if r.get("attn") == "llama"}
+    """Each CEM row's tokens/s over Llama's at the same width and compile mode, with the target
+    for its T."""
+    key = lambda r: (r["d_model"], r.get("compile_mode"))  # noqa: E731
+    llama = {key(r): r for r in rows if r.get("attn") == "llama"}
     out = []
     for r in rows:
-        if r.get("attn") == "cem" and r["d_model"] in llama:
-            ratio = r["tokens_per_s"] / llama[r["d_model"]]["tokens_per_s"]
+        if r.get("attn") == "cem" and key(r) in llama:
+            ratio = r["tokens_per_s"] / llama[key(r)]["tokens_per_s"]
             target = TARGETS.get(r["T_attn"])
-            out.append({"d_model": r["d_model"], "T": r["T_attn"], "cem_over_llama": ratio,
+            out.append({"d_model": r["d_model"], "T": r["T_attn"],
+                        "compile_mode": r.get("compile_mode"), "cem_over_llama": ratio,
                         "target": target, "met": None if target is None else ratio >= target})
     return out
 
@@ -223,6 +258,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--compile", action="store_true", help="torch.compile (CUDA only)")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs); default: its own")
     p.add_argument("--measure-peak", action="store_true", help="measure the bf16 matmul peak for MFU")
     p.add_argument("--out", required=True, help="JSON output path")
     a = p.parse_args(argv)
@@ -241,7 +278,7 @@ def main(argv=None) -> int:
         elif stated_peak_tflops(dev_info["name"]) is not None:
             peak, peak_source = stated_peak_tflops(dev_info["name"]) * 1e12, "vendor dense bf16 table"
     rows = run(configs, batch=batch, device=device, bf16=gpu, compile_=a.compile and gpu,
-               warmup=a.warmup, iters=a.iters, peak=peak)
+               warmup=a.warmup, iters=a.iters, peak=peak, compile_mode=a.compile_mode)
     out = {"schema": "cemlib.benchmarks.train_step/2", "device": dev_info, "versions": versions,
            "git_commit": git_commit(), "dtype": "bf16-autocast" if gpu else "float32",
            "compile": a.compile and gpu, "peak_flops": peak, "peak_source": peak_source,

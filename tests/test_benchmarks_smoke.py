@@ -395,6 +395,41 @@ def test_train_step_records_graph_break_reasons():
     assert "graph_break" in reasons[0]["reason"]
 
 
+def test_train_step_compile_modes_compare_like_with_like(monkeypatch):
+    """Each CEM row is compared with Llama's row of the same width *and* compile mode (the train
+    stage runs the models compiled plainly, then with CUDA graphs); a configuration that raises
+    is recorded with its error and the next one runs. Failing input: ratios keyed on the width
+    alone pair the plainly compiled CEM row with Llama's under CUDA graphs (0.25 here, not 0.5)."""
+    import torch
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+    rows = [dict(attn="llama", d_model=8, compile_mode="default", tokens_per_s=100.0),
+            dict(attn="llama", d_model=8, compile_mode="reduce-overhead", tokens_per_s=200.0),
+            dict(attn="cem", d_model=8, T_attn=1, compile_mode="default", tokens_per_s=50.0),
+            dict(attn="cem", d_model=8, T_attn=1, compile_mode="reduce-overhead",
+                 tokens_per_s=200.0),
+            dict(model="cem T=2 d=8", compile_mode="reduce-overhead", error="RuntimeError: x")]
+    got = {(r["compile_mode"], r["T"]): r["cem_over_llama"] for r in train_step.ratios_to_llama(rows)}
+    assert got == {("default", 1): 0.5, ("reduce-overhead", 1): 1.0}
+
+    configs = train_step.model_configs([16], [1], vocab=11, context=8, layers=1, head_dim=8)
+    real = train_step.bench_one
+
+    def fails_for_cem(cfg, *args):
+        if cfg.attn == "cem":
+            raise RuntimeError("CUDA graphs refused")
+        return real(cfg, *args)
+    monkeypatch.setattr(train_step, "bench_one", fails_for_cem)
+    out = train_step.run(configs + configs[:1], batch=2, device=torch.device("cpu"), bf16=False,
+                         compile_=False, warmup=0, iters=1, peak=None)
+    assert [("error" in r, r["model"]) for r in out] == [
+        (False, "llama d=16"), (True, "cem T=1 d=16"), (False, "llama d=16")]
+    assert out[1]["error"] == "RuntimeError: CUDA graphs refused"
+
+
 def test_bias_grad_rounding_formulas_are_the_gradients(tmp_path):
     """``bias_grad_rounding.py`` emulates the v2 kernels' self/cross-bias gradients
     (``dS_ii = P_ii (dP_ii - Delta_i)`` summed, ``dcross = sum dlse - dself``, the extra pair's
