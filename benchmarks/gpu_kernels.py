@@ -385,26 +385,37 @@ def synchronising_calls(messages) -> list[str]:
     return [m[:200] for m in messages if "called a synchronizing" in m.lower()]
 
 
+def sync_check_calls(device):
+    """The sync check's calls: ``(name, forward+backward)`` of a default CEM attention and MLP
+    layer at d = 768 on 4 x 256 tokens under bf16 autocast (``warm_cache.py`` replays them, so
+    that the kernels they compile, autotune spaces included, are carried to the GPU)."""
+    from cemlib.layers.cem_attention import CEMAttention
+    from cemlib.layers.cem_mlp import CEMMLP
+    for name, layer in (("cem_attention", CEMAttention(768, 12)), ("cem_mlp", CEMMLP(768, 2048))):
+        layer = layer.to(device)
+        x = torch.randn(4, 256, 768, device=device, requires_grad=True)
+
+        def call(layer=layer, x=x):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                y = layer(x)
+            y.float().sum().backward()
+        yield name, call
+
+
 def sync_check(device) -> dict:
     """Synchronising CUDA calls in the forward+backward of a default CEM attention and MLP layer
     under bf16 autocast (``torch.cuda.set_sync_debug_mode``: a warning per call)."""
     if device.type != "cuda":
         return {"skipped": "CUDA only"}
-    from cemlib.layers.cem_attention import CEMAttention
-    from cemlib.layers.cem_mlp import CEMMLP
     out = {}
-    for name, layer in (("cem_attention", CEMAttention(768, 12)), ("cem_mlp", CEMMLP(768, 2048))):
-        layer = layer.to(device)
-        x = torch.randn(4, 256, 768, device=device, requires_grad=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            layer(x).float().sum().backward()  # warm-up: compiles the kernels
+    for name, call in sync_check_calls(device):
+        call()  # warm-up: compiles the kernels
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    layer(x).float().sum().backward()
+                call()
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         syncs = synchronising_calls(str(w.message) for w in caught)

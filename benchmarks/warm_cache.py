@@ -12,7 +12,8 @@ variables, none of which says on which machine it was compiled. So:
     runs the GPU script's calls on CPU tensors along cemlib's GPU path with a stand-in ``sm_90``
     driver (``host_overhead.gpu_paths``: launches do nothing, so nothing is computed; every
     kernel is compiled, with the autotune spaces where the GPU autotunes): the correctness
-    stage's shape checks and ``every_config_v2``, the attention stage's CEM methods (one length:
+    stage's shape checks, ``every_config_v2``, its direct-launch check and its sync check's layers
+    (:func:`correctness_layers`), the attention stage's CEM methods (one length:
     the others are multiples of the tiles, the same specialization), the MLP stage's steps
     (a few rows: only the widths specialize), the train stage's CEM models (one layer, a
     training step's forward and backward at its context and width: :func:`train_models`) and
@@ -143,6 +144,7 @@ def _compile_calls(quick: bool) -> dict:
     part("correctness: shape checks", shape_checks)
     part("correctness: every_config_v2", lambda: gpu_kernels.every_config_check(
         cpu, s["dtypes"][0], s["check_every_config"], None, float("inf"), gpu_options=True))
+    part("correctness: direct launch and sync check", lambda: correctness_layers(record))
 
     def attention():
         a = s["attention"]
@@ -221,6 +223,25 @@ def _record_step(record, name, shape, loss) -> None:
             value = loss()
         value.float().backward()
     record(name, shape, "bf16-autocast", step)
+
+
+def correctness_layers(record) -> None:
+    """The correctness stage's calls outside its shape checks: the direct-launch check (a plain
+    call with both biases learnable, default configurations) and the sync check's default CEM
+    attention and MLP layers (d = 768, bf16 autocast, autotuned as on the GPU: the stage's warm-up
+    call compiles their spaces). The H100 run of 2026-11-27 compiled 93 kernels in its correctness
+    stage with the cache carried; replayed here, these calls compile 55 of them (3 and 52)."""
+    import torch
+
+    import gpu_kernels
+    s = gpu_kernels.SETTINGS["gpu"]
+    shape = s["check_attention"][1 if len(s["check_attention"]) > 1 else 0]
+    cpu = torch.device("cpu")
+    record("direct_launch_v2", list(shape), s["dtypes"][0],
+           lambda: gpu_kernels.direct_launch_check(cpu, s["dtypes"][0], shape))
+    with _as_on_a_gpu():
+        for name, call in gpu_kernels.sync_check_calls(cpu):
+            record(f"sync check: {name}", [4, 256, 768], "bf16-autocast", call)
 
 
 def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:

@@ -302,6 +302,49 @@ def test_warm_cache_compiles_the_train_stage_models_kernels(tmp_path):
     assert len(compiled - eager) >= 2, (len(eager), len(compiled), len(compiled & eager))
 
 
+CORRECTNESS_WARM_PROBE = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+import gpu_kernels, host_overhead, warm_cache
+from cemlib.kernels import dispatch
+host_overhead.gpu_paths()
+if sys.argv[1] == "cpu-dispatch":
+    warm_cache._as_on_a_gpu = gpu_kernels.contextlib.nullcontext
+use, errors = dispatch._use_triton, []
+with gpu_kernels.default_configurations():
+    warm_cache.correctness_layers(gpu_kernels.error_recorder(errors))
+names = sorted({json.load(open(f))["name"] for f in warm_cache.cache_dir().glob("*/*.json")
+                if not f.name.startswith("__grp__")})
+print(json.dumps({"compiled": warm_cache.compiled(), "names": names, "errors": errors,
+                  "restored": dispatch._use_triton is use}))
+"""
+
+
+def test_warm_cache_compiles_the_correctness_stages_layer_calls(tmp_path):
+    """warm_cache.py's part for the correctness stage's calls outside its shape checks: the
+    direct-launch check and the sync check's default CEM attention and MLP layers (the H100 run of
+    2026-11-27 compiled them on the GPU: the carried cache lacked them). On CPU tensors with the
+    stand-in sm_90 driver the layers reach the attention v2 kernels, the default layer's head sum
+    and extra gradients included, and the MLP step's element-wise kernels; the dispatcher is
+    restored. Failing input: the CPU's dispatch (the layers take the PyTorch path), where only the
+    direct-launch check's three kernels compile."""
+    pytest.importorskip("triton")
+
+    def probe(mode):
+        r = subprocess.run([sys.executable, "-c", CORRECTNESS_WARM_PROBE, mode], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT),
+                                "TRITON_CACHE_DIR": str(tmp_path / mode)})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["errors"] == [] and got["restored"]
+        return got
+    on_gpu = probe("gpu-dispatch")
+    assert {"_fwd_kernel", "_pre_kernel", "_bwd_kernel", "_headsum_kernel", "_extra_grads_kernel",
+            "_silu_gate_kernel", "_silu_gate_bwd_kernel"} <= set(on_gpu["names"]), on_gpu["names"]
+    assert probe("cpu-dispatch")["compiled"] == 3 < on_gpu["compiled"]
+
+
 def test_warm_cache_covers_the_campaigns_models_with_cem_layers():
     """The campaign part of the warm cache: every experiment of the GPU campaign's plans whose model
     holds a CEM attention or MLP layer, once each, and none without (they call no cemlib kernel)."""
