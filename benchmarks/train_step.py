@@ -204,8 +204,8 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
                                               profile, compile_mode)}
         except Exception as err:  # a model that fails (e.g. under CUDA graphs) is a result
             last = time.monotonic() - t0
-            rows.append({"model": name, "compile_mode": compile_mode,
-                         "error": f"{type(err).__name__}: {err}"[:500], "wall_s": last})
+            rows.append({"model": name, "compile_mode": (compile_mode or "default") if compile_
+                         else None, "error": f"{type(err).__name__}: {err}"[:500], "wall_s": last})
             print(f"{name:16s} failed: {rows[-1]['error']}", flush=True)
             continue
         last = row["wall_s"] = time.monotonic() - t0
