@@ -102,17 +102,24 @@ class NullDriver(_TargetDriver):
 
 def gpu_paths():
     """Make cemlib take its GPU path on CPU tensors: every launch as if on CUDA (GPU
-    configurations, the autotuner, direct launches), the autotuner's timing runs replaced by
-    equal times (it keeps its first, default, configuration)."""
+    configurations, the autotuner, direct launches; the first version's attention kernels, the
+    MLP gate and the DPLR preconditioner with their GPU tiles, which they choose from the
+    tensors' device), the autotuner's timing runs replaced by equal times (it keeps its first,
+    default, configuration)."""
+    from cemlib.kernels import tied_attention_triton as v1
     launch, cuda = v2._launch, torch.device("cuda")
     v2._launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
         launch(name, kernel, grid, args, meta, block_d, cuda, length, table)
-    v2.INTERPRET = False
+    v2.INTERPRET = v1.INTERPRET = gm.INTERPRET = False
+    blocks, gate, dplr = v1._blocks, gm._gate_blocks, gm._dplr_blocks
+    v1._blocks = lambda L, D, DE, device, kind="fwd": blocks(L, D, DE, cuda, kind)
+    gm._gate_blocks = lambda device: gate(cuda)
+    gm._dplr_blocks = lambda R, device: dplr(R, cuda)
     direct = direct_launch.launch  # the MLP's element-wise launches: as on CUDA tensors
     direct_launch.launch = lambda kernel, grid, args, kw, cuda=True: direct(kernel, grid, args,
                                                                           kw, True)
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
-    for f in vars(v2).values():
+    for f in (*vars(v1).values(), *vars(gm).values(), *vars(v2).values()):
         if isinstance(f, triton.runtime.jit.JITFunction):
             f.device_caches.clear()  # binders cache the target per device
     driver.set_active(NullDriver())

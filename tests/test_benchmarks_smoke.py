@@ -315,8 +315,13 @@ with gpu_kernels.default_configurations():
     warm_cache.correctness_layers(gpu_kernels.error_recorder(errors))
 names = sorted({json.load(open(f))["name"] for f in warm_cache.cache_dir().glob("*/*.json")
                 if not f.name.startswith("__grp__")})
+import torch
+from cemlib.kernels import gated_mlp_triton, tied_attention_triton
+cpu = torch.device("cpu")
 print(json.dumps({"compiled": warm_cache.compiled(), "names": names, "errors": errors,
-                  "restored": dispatch._use_triton is use}))
+                  "restored": dispatch._use_triton is use,
+                  "v1_blocks": tied_attention_triton._blocks(256, 64, 0, cpu)[1],
+                  "gate_blocks": gated_mlp_triton._gate_blocks(cpu)[1]}))
 """
 
 
@@ -326,8 +331,10 @@ def test_warm_cache_compiles_the_correctness_stages_layer_calls(tmp_path):
     2026-11-27 compiled them on the GPU: the carried cache lacked them). On CPU tensors with the
     stand-in sm_90 driver the layers reach the attention v2 kernels, the default layer's head sum
     and extra gradients included, and the MLP step's element-wise kernels; the dispatcher is
-    restored. Failing input: the CPU's dispatch (the layers take the PyTorch path), where only the
-    direct-launch check's three kernels compile."""
+    restored; the first version's attention kernels and the MLP gate take their GPU tiles.
+    Failing inputs: the CPU's dispatch (the layers take the PyTorch path), where only the
+    direct-launch check's three kernels compile; ``gpu_paths`` without the tile choices (the
+    CPU's tiles, no launch options)."""
     pytest.importorskip("triton")
 
     def probe(mode):
@@ -340,6 +347,12 @@ def test_warm_cache_compiles_the_correctness_stages_layer_calls(tmp_path):
         assert got["errors"] == [] and got["restored"]
         return got
     on_gpu = probe("gpu-dispatch")
+    # the first version's attention kernels and the MLP gate choose their tiles from the tensors'
+    # device: on the stand-in they take the GPU's (launch options present; {} is the CPU's). The
+    # H100 run compiled 38 first-version kernels of its shape checks that the cache, built with
+    # the CPU's tiles, lacked.
+    assert on_gpu["v1_blocks"] == {"num_warps": 4, "num_stages": 2}
+    assert on_gpu["gate_blocks"] == {"num_warps": 4, "num_stages": 3}
     assert {"_fwd_kernel", "_pre_kernel", "_bwd_kernel", "_headsum_kernel", "_extra_grads_kernel",
             "_silu_gate_kernel", "_silu_gate_bwd_kernel"} <= set(on_gpu["names"]), on_gpu["names"]
     assert probe("cpu-dispatch")["compiled"] == 3 < on_gpu["compiled"]
