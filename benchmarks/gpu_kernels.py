@@ -39,7 +39,9 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     train-step tokens/s and MFU of Llama and CEM at T = 1 and T = 2 (``train_step.run``, bf16,
     ``torch.compile``, d = 768, 6 layers, context 256, batch 64), with the CEM/Llama ratios
     against the targets (T = 1: >= 0.9, T = 2: >= 0.55), and each model's GPU time per step by
-    kernel family (two profiled steps: cemlib's Triton kernels, cuBLAS, Inductor, ...); then the
+    kernel family (two profiled steps: cemlib's Triton kernels, cuBLAS, Inductor, ...) and where
+    their host time goes (the operators with the most self CPU time, cemlib's custom operators
+    with their inclusive CPU time: ``train_step.host_summary``); then the
     three again compiled with CUDA graphs (``mode="reduce-overhead"``), which takes the host out
     of the step: the H100 run of 2026-11-27 found the CEM steps host-bound (CEM T = 1: 15.2 ms of
     GPU kernels in a 22.0 ms step; Llama: 18.1 in 18.8).

@@ -81,9 +81,28 @@ def kernel_families(per_kernel_us: dict, steps: int) -> dict:
             "longest": [{"name": n[:120], "ms_per_step": us / 1e3 / steps} for n, us in longest]}
 
 
+def host_summary(averages, steps: int, prefix: str = "cemlib::", top: int = 12) -> dict:
+    """Where a profiled step spends its host (CPU) time, from ``torch.profiler``'s
+    ``key_averages()``: the operators with the most self CPU time (ms per step, calls per step),
+    and every operator named ``prefix...`` (cemlib's custom operators, which a compiled graph
+    calls into Python) with its inclusive CPU time. The H100 run of 2026-11-27 found the compiled
+    CEM steps host-bound; this says on which operators."""
+    rows = [a for a in averages if a.device_type.name == "CPU"]
+    per_step = lambda us: us / 1e3 / steps  # noqa: E731
+    mine = sorted((a for a in rows if a.key.startswith(prefix)), key=lambda a: -a.cpu_time_total)
+    return {
+        "self_cpu_ms_per_step": per_step(sum(a.self_cpu_time_total for a in rows)),
+        "top_self_cpu": [{"name": a.key[:100], "self_ms_per_step": per_step(a.self_cpu_time_total),
+                          "calls_per_step": a.count / steps}
+                         for a in sorted(rows, key=lambda a: -a.self_cpu_time_total)[:top]],
+        "custom_ops": [{"name": a.key, "cpu_ms_per_step": per_step(a.cpu_time_total),
+                        "calls_per_step": a.count / steps} for a in mine]}
+
+
 def profile_steps(step, device: torch.device, steps: int = 2) -> dict | None:
     """``torch.profiler`` over ``steps`` training steps (CUDA only): :func:`kernel_families` of
-    their GPU kernels, and the kernels launched per step."""
+    their GPU kernels, the kernels launched per step, the profiled wall time per step, and where
+    the host time goes (:func:`host_summary`)."""
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -91,12 +110,16 @@ def profile_steps(step, device: torch.device, steps: int = 2) -> dict | None:
     from common import cuda_kernel_times
 
     torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize(device)
+    wall = (time.perf_counter() - t0) / steps
     per_kernel, n = cuda_kernel_times(prof.events())
-    return {**kernel_families(per_kernel, steps), "kernels_per_step": n / steps}
+    return {**kernel_families(per_kernel, steps), "kernels_per_step": n / steps,
+            "profiled_wall_ms_per_step": 1e3 * wall,
+            "host": host_summary(prof.key_averages(), steps)}
 
 
 def _cudagraph_skips() -> int:
@@ -225,6 +248,10 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
             print(f"{'':16s} GPU {k['total_ms_per_step']:.2f} ms/step in {k['kernels_per_step']:.0f} "
                   "kernels: " + ", ".join(f"{f} {ms:.2f}" for f, ms in k["ms_per_step"].items()),
                   flush=True)
+            h = k["host"]
+            print(f"{'':16s} host: self CPU {h['self_cpu_ms_per_step']:.2f} ms/step; cemlib ops "
+                  + (", ".join(f"{o['name']} {o['cpu_ms_per_step']:.2f} ms ({o['calls_per_step']:.0f}x)"
+                               for o in h["custom_ops"]) or "none"), flush=True)
     return rows
 
 
