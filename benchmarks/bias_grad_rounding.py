@@ -13,8 +13,8 @@ FlashAttention-2's backward) form the row term ``Delta_i = o_i . do_i - dlse_i``
 
 (``_pre_kernel`` and ``_bwd_kernel``). Rounding ``o`` to bf16 moves each ``Delta_i`` by about
 ``2^-9 |o_i| |do_i|``, and the bias gradients sum those errors over all rows and batches, while
-``dq`` and ``dkv`` see each ``Delta_i`` only through their own row. The PyTorch reference never forms
-``Delta`` from ``o``: autograd's softmax backward sums ``P_ij dP_ij`` in float32.
+``dq`` and ``dkv`` see each ``Delta_i`` only through their own row. The PyTorch reference never
+forms ``Delta`` from ``o``: autograd's softmax backward sums ``P_ij dP_ij`` in float32.
 
 This script draws the inputs several times for each case of the GPU checks (the four shapes of
 the correctness stage, ALiBi and both biases, and the every-configuration call with the extra
@@ -28,13 +28,12 @@ criterion, applied to a result of K numbers (one per head), fail by chance?
 
 Usage::
 
-    python benchmarks/bias_grad_rounding.py [--out results/bias_grad_rounding_cpu.json]
+    python benchmarks/bias_grad_rounding.py [--seeds N] [--out FILE | --replace]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -42,12 +41,10 @@ import torch
 
 from cemlib.kernels import reference
 
-try:
-    import common
-except ImportError:  # imported as benchmarks.bias_grad_rounding
-    from benchmarks import common
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from outputs import RESULTS, add_output_arguments, announce, write_json  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 #: The GPU correctness stage's attention shapes (B, K, L, D), ALiBi and both biases, and (with the
 #: extra pair) the shape of its every-configuration check.
 SHAPES = [(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)]
@@ -168,11 +165,13 @@ def measure(shape, extra=False, seeds=16, floor=1e-3) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join(HERE, "results", "bias_grad_rounding_cpu.json"))
+    add_output_arguments(p, "results/bias_grad_rounding_cpu.json")
     p.add_argument("--seeds", type=int, default=16, help="draws of the inputs per case")
     p.add_argument("--shapes", type=int, nargs=4, action="append", metavar=("B", "K", "L", "D"),
                    help="plain calls of these shapes instead of the GPU checks' cases")
     args = p.parse_args(argv)
+    default = RESULTS / "bias_grad_rounding_cpu.json"
+    announce(default, args.out, args.replace)
     cases = ([(tuple(s), False) for s in args.shapes] if args.shapes else
              [(s, False) for s in SHAPES] + [(s, True) for s in EXTRA_SHAPES])
     results = []
@@ -186,7 +185,7 @@ def main(argv=None):
             for k, v in r.items() if isinstance(v, dict)), flush=True)
     command = "python benchmarks/bias_grad_rounding.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    if args.out != p.get_default("out"):
+    if args.out is not None:  # the recorded command leaves a machine's path out
         command = command.replace(args.out, "<file>")
     out = {"benchmark": "bias_grad_rounding", "env": common.environment(torch.device("cpu")),
            "command": command,
@@ -195,9 +194,7 @@ def main(argv=None):
                    "kernels' formulas emulated in float64; criterion_failures: error > 2 x the "
                    "bf16 reference's + 1e-3",
            "results": results}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    write_json(out, default, args.out, args.replace)
     return out
 
 

@@ -192,7 +192,7 @@ def correctness(s, device, deadline):
                                error=f"{type(err).__name__}: {err}"))
         print(what, shape, dtype, checks[-1].get("passed", checks[-1].get("skipped")), flush=True)
 
-    shape = s["check_attention"][1 if len(s["check_attention"]) > 1 else 0]
+    shape = direct_launch_shape(s)
     record("direct_launch_v2", list(shape), s["dtypes"][0],
            lambda: direct_launch_check(device, s["dtypes"][0], shape))
     with default_configurations():
@@ -344,6 +344,12 @@ def every_config_check(device, dtype, shape, limit, deadline, gpu_options=None) 
     checked = [r for r in rows if "passed" in r]
     return {"passed": all(r["passed"] for r in checked), "checked": len(checked),
             "skipped": len(rows) - len(checked), "floor": 1e-3, "configurations": rows}
+
+
+def direct_launch_shape(s) -> tuple:
+    """The shape of :func:`direct_launch_check`'s call: the settings' second attention check (a
+    plain call with all heads of the default width), the first where there is one."""
+    return s["check_attention"][1 if len(s["check_attention"]) > 1 else 0]
 
 
 def direct_launch_check(device, dtype, shape) -> dict:

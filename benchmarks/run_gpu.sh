@@ -3,9 +3,10 @@
 # (benchmarks/gpu_kernels.py: correctness, autotune, attention, profile, mlp, train; one JSON per
 # stage in benchmarks/results/, resumable), or the CUDA kernel tests (a separate call).
 #   bash benchmarks/run_gpu.sh [gpu_kernels.py options]   e.g. --stage mlp train, --force
-#   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel and no-sync tests on the GPU, one line each
-#                                                         (e.g. -x -rf: stop at the first failure;
-#                                                         default configurations, 8 workers: below)
+#   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel and no-sync tests on the GPU,
+#                                                         one line per test (e.g. -x -rf: stop
+#                                                         at the first failure; default
+#                                                         configurations, 8 workers: below)
 #   bash benchmarks/run_gpu.sh campaign [run options]     the training campaign's runs
 #                                                         (python -m cemlib.train.campaign run ...)
 #                                                         with the carried kernels installed first

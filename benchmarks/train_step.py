@@ -18,7 +18,8 @@ next to the issue's targets (T = 1: >= 0.9, T = 2: >= 0.55)::
 
     python benchmarks/train_step.py --out bench_cpu.json                   # CPU, small
     python benchmarks/train_step.py --device cuda --compile --measure-peak --T 1 2 --out bench_gpu.json
-    python benchmarks/train_step.py --device cuda --compile --compile-mode reduce-overhead --out g.json
+    python benchmarks/train_step.py --device cuda --compile --compile-mode reduce-overhead \
+        --out bench_gpu_graphs.json
 """
 
 from __future__ import annotations
@@ -249,9 +250,10 @@ def run(configs, *, batch, device, bf16, compile_, warmup, iters, peak, deadline
                   "kernels: " + ", ".join(f"{f} {ms:.2f}" for f, ms in k["ms_per_step"].items()),
                   flush=True)
             h = k["host"]
+            ops = ", ".join(f"{o['name']} {o['cpu_ms_per_step']:.2f} ms "
+                            f"({o['calls_per_step']:.0f}x)" for o in h["custom_ops"])
             print(f"{'':16s} host: self CPU {h['self_cpu_ms_per_step']:.2f} ms/step; cemlib ops "
-                  + (", ".join(f"{o['name']} {o['cpu_ms_per_step']:.2f} ms ({o['calls_per_step']:.0f}x)"
-                               for o in h["custom_ops"]) or "none"), flush=True)
+                  + (ops or "none"), flush=True)
     return rows
 
 
@@ -286,7 +288,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--compile", action="store_true", help="torch.compile (CUDA only)")
     p.add_argument("--compile-mode", default=None,
-                   help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs); default: its own")
+                   help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs); default: "
+                        "its own")
     p.add_argument("--measure-peak", action="store_true", help="measure the bf16 matmul peak for MFU")
     p.add_argument("--out", required=True, help="JSON output path")
     a = p.parse_args(argv)

@@ -235,7 +235,7 @@ def correctness_layers(record) -> None:
 
     import gpu_kernels
     s = gpu_kernels.SETTINGS["gpu"]
-    shape = s["check_attention"][1 if len(s["check_attention"]) > 1 else 0]
+    shape = gpu_kernels.direct_launch_shape(s)
     cpu = torch.device("cpu")
     record("direct_launch_v2", list(shape), s["dtypes"][0],
            lambda: gpu_kernels.direct_launch_check(cpu, s["dtypes"][0], shape))

@@ -23,6 +23,16 @@ def _run(args, tmp_path, name, timeout=600, env=None):
     return json.loads(out.read_text())
 
 
+def _benchmark(name: str):
+    """Import the benchmark script ``benchmarks/<name>.py`` as a module."""
+    import importlib
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
 @pytest.mark.parametrize("script", ["bench_attention.py", "bench_mlp.py"])
 def test_kernel_benchmark_smoke(script, tmp_path):
     d = _run([f"benchmarks/{script}", "--cpu-smoke"], tmp_path, script)
@@ -155,11 +165,7 @@ def test_gpu_script_finds_autotuners_built_at_first_call():
     triton = pytest.importorskip("triton")
     import triton.language as tl
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_kernels
-    finally:
-        sys.path.pop(0)
+    gpu_kernels = _benchmark("gpu_kernels")
 
     @triton.jit
     def _copy(x_ptr, BLOCK: tl.constexpr):
@@ -172,11 +178,7 @@ def test_gpu_script_finds_autotuners_built_at_first_call():
 
 
 def test_sync_check_counts_synchronising_calls_not_the_debug_modes_notice():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_kernels
-    finally:
-        sys.path.pop(0)
+    gpu_kernels = _benchmark("gpu_kernels")
     notice = ("Synchronization debug mode is a prototype feature and does not yet detect all "
               "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)")
     call = "called a synchronizing CUDA operation (Triggered internally at c10/cuda/CUDAFunctions.cpp:151.)"
@@ -361,8 +363,7 @@ def test_warm_cache_compiles_the_correctness_stages_layer_calls(tmp_path):
 def test_warm_cache_covers_the_campaigns_models_with_cem_layers():
     """The campaign part of the warm cache: every experiment of the GPU campaign's plans whose model
     holds a CEM attention or MLP layer, once each, and none without (they call no cemlib kernel)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import warm_cache
+    warm_cache = _benchmark("warm_cache")
     from cemlib.train import get_config
     from cemlib.train.campaign import plan_runs
 
@@ -391,8 +392,7 @@ def test_first_call_script_runs(tmp_path):
 def test_train_step_sorts_kernels_into_families():
     """The train stage's profile: GPU time per step by kernel family, first matching family,
     'other' for the rest, in ms per step; the longest kernels first."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import train_step
+    train_step = _benchmark("train_step")
 
     per_kernel_us = {"_bwd_kernel": 4000.0, "_fwd_kernel": 1000.0, "nvjet_tst_128x256_h_bz": 6000.0,
                      "triton_poi_fused_add_mul_0": 800.0, "void at::native::vectorized_elementwise_kernel": 200.0,
@@ -411,11 +411,7 @@ def test_train_step_counts_the_kernels_each_model_compiled():
     counter's difference around the row: what says on a GPU whether the carried cache was found);
     without a counter (CPU, dry run) the row has no such field."""
     import torch
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = _benchmark("train_step")
     configs = train_step.model_configs([16], [1], vocab=11, context=8, layers=1, head_dim=8)
     counts = iter([5, 9, 9, 9])          # Llama compiles 4, CEM none
 
@@ -432,11 +428,7 @@ def test_train_step_records_graph_break_reasons():
     recorded 10 for CEM and no reason; they came from the dispatcher's ``find_spec``)."""
     import torch
     from torch._dynamo.utils import counters
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = _benchmark("train_step")
 
     def breaks_once(x):
         x = x + 1
@@ -457,11 +449,7 @@ def test_train_step_compile_modes_compare_like_with_like(monkeypatch):
     is recorded with its error and the next one runs. Failing input: ratios keyed on the width
     alone pair the plainly compiled CEM row with Llama's under CUDA graphs (0.25 here, not 0.5)."""
     import torch
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = _benchmark("train_step")
     rows = [dict(attn="llama", d_model=8, compile_mode="default", tokens_per_s=100.0),
             dict(attn="llama", d_model=8, compile_mode="reduce-overhead", tokens_per_s=200.0),
             dict(attn="cem", d_model=8, T_attn=1, compile_mode="default", tokens_per_s=50.0),
@@ -493,8 +481,7 @@ def test_bias_grad_rounding_formulas_are_the_gradients(tmp_path):
     the reference, plain and with the extra pair; failing input: ``Delta`` without the
     ``sum_j P_ij dA_ij`` term (off by up to 2.3 in the extra case). Then the script runs and writes
     what the results need."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bias_grad_rounding as bgr
+    bgr = _benchmark("bias_grad_rounding")
     from cemlib.kernels import reference
     for extra in (False, True):
         inputs = [None if x is None else x.double()
@@ -524,11 +511,7 @@ def test_train_step_host_summary_names_the_custom_operators():
 
     import torch
     from torch.profiler import ProfilerActivity, profile
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = _benchmark("train_step")
 
     @torch.library.custom_op("cemlib_host_test::slow", mutates_args=())
     def slow(x: torch.Tensor) -> torch.Tensor:
