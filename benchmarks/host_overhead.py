@@ -44,8 +44,23 @@ configuration given, the binder alone, the compiled launcher alone (a no-op here
 ``torch.autograd.Function`` with the same inputs whose forward and backward only allocate their
 outputs, the least any custom autograd call costs.
 
-Usage: ``python benchmarks/host_overhead.py [--quick] [--out FILE | --replace]`` (writes
-``results/host_overhead_cpu.json``). The CPU's speed sets the scale: compare rows of one run.
+A row ``sdpa_untied`` / ``torch``: PyTorch's own attention (``scaled_dot_product_attention``,
+causal, untied), forward+backward on the same inputs, the baseline of the GPU timing table. On the
+CPU it also does the (tiny) arithmetic, where on a GPU its C++ path only launches kernels: compare
+it with the CEM rows on the GPU's host (below) rather than here.
+
+``--device cuda`` measures the same rows on a GPU's host with the real driver: CUDA tensors, the
+kernels launched (tiny shapes: the GPU finishes each call before the host has issued the next, so
+a call's time is its host time), cemlib's dispatch as on any CUDA call. What the CPU run leaves
+out (the driver's launch, CUDA's device guard and caching allocator, autograd's device thread) is
+then in the numbers; ``bwd_launch_layers_us.compiled_launcher`` is a real launch there. The H100
+run of 2026-11-27 measured a CEM v2 forward+backward at 0.51 ms of wall time where this CPU
+measurement predicted about 0.25 ms (``NOTES.md``, step 24): this mode says where the difference
+goes. ``gpu_kernels.py``'s profile stage runs it (:func:`run`).
+
+Usage: ``python benchmarks/host_overhead.py [--quick] [--device cuda] [--out FILE | --replace]``
+(writes ``results/host_overhead_cpu.json``, or ``results/host_overhead_<GPU>.json``). The CPU's
+speed sets the scale: compare rows of one run.
 Relies on Triton internals (``triton.runtime.driver``, ``Autotuner._bench``, the binder in
 ``JITFunction.device_caches``), checked on Triton 3.6 and 3.9.
 """
@@ -53,6 +68,7 @@ Relies on Triton internals (``triton.runtime.driver``, ``Autotuner._bench``, the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -62,6 +78,7 @@ import time
 os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels (for sm_90), never the interpreter
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
@@ -73,9 +90,10 @@ from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 from cemlib.train.results import environment_info, git_commit  # noqa: E402
 from compile_kernels import _TargetDriver  # noqa: E402
+from common import device_slug  # noqa: E402
 from outputs import RESULTS, announce, write_json  # noqa: E402
 
-METHODS = ("cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
+METHODS = ("sdpa_untied", "cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
 PARALLEL_COMPILE = v2.PARALLEL_COMPILE
 
 
@@ -143,15 +161,22 @@ def median_us(fn, n, reset=()):
     return statistics.median(times) * 1e6
 
 
-def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="cemlib"):
+def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="cemlib",
+            device="cpu"):
     """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it (the
     tied MLP step: ``path="custom_ops"`` calls its ``torch.library`` operators, the eager path
-    before this benchmark's changes; ``"eager_reference"`` PyTorch's operators)."""
+    before this benchmark's changes; ``"eager_reference"`` PyTorch's operators), on ``device``
+    (the inputs drawn on the CPU, then moved)."""
     g = torch.Generator().manual_seed(0)
-    if name == "mlp_v2":  # float32: the CPU's bf16 GEMMs would add arithmetic, even this small
-        u, dy = (torch.randn(T, 16, generator=g) for _ in range(2))
-        V = torch.randn(64, 16, generator=g)
-        gamma = torch.randn(T, 64, generator=g)
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g, dtype=dtype).to(device)
+    if name == "mlp_v2":  # float32 on the CPU: its bf16 GEMMs would add arithmetic, even this
+        # small; bf16 on a GPU, the dtype the GPU measurements (and the carried kernels) use
+        mdt = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        u, dy = (randn(T, 16, dtype=mdt) for _ in range(2))
+        V = randn(64, 16, dtype=mdt)
+        gamma = randn(T, 64, dtype=mdt)
         leaves = [t.clone().requires_grad_() for t in (u, V, gamma)]
         step = {"custom_ops": lambda *xs: gm._step_fwd(*xs)[0],
                 "eager_reference": reference.tied_gated_mlp_step}.get(path, gm.tied_gated_mlp_step)
@@ -159,10 +184,16 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
         def call():
             step(*leaves).backward(dy)
         return call, leaves
-    q, kv, do = (torch.randn(B, H, T, d, generator=g, dtype=dtype) for _ in range(3))
-    slopes = reference.alibi_slopes(H).float()
+    q, kv, do = (randn(B, H, T, d, dtype=dtype) for _ in range(3))
+    slopes = reference.alibi_slopes(H).float().to(device)
+    if name == "sdpa_untied":  # the GPU table's baseline: k and v apart, no bias
+        leaves = [t.clone().requires_grad_() for t in (q, kv, randn(B, H, T, d, dtype=dtype))]
+
+        def call():
+            F.scaled_dot_product_attention(*leaves, is_causal=True, scale=d ** -0.5).backward(do)
+        return call, leaves
     if name == "cem_diag_v2":
-        qe, ke, doe = (0.1 * torch.randn(B, T, De, generator=g, dtype=dtype) for _ in range(3))
+        qe, ke, doe = (0.1 * randn(B, T, De, dtype=dtype) for _ in range(3))
         leaves = [t.clone().requires_grad_() for t in (q, kv, qe, ke)]
 
         def call():
@@ -171,7 +202,8 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
                                          extra_head_sum=True)
             torch.autograd.backward((o, oe), (do, doe))
         return call, leaves
-    leaves = [t.clone().requires_grad_() for t in (q, kv, torch.zeros(H), torch.zeros(H))]
+    leaves = [t.clone().requires_grad_() for t in (q, kv, torch.zeros(H, device=device),
+                                                   torch.zeros(H, device=device))]
     atomic = name == "cem_v2_atomic"
 
     def call():
@@ -181,7 +213,7 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
     return call, leaves
 
 
-def floor_us(n, B=1, H=12, T=16, d=64):
+def floor_us(n, B=1, H=12, T=16, d=64, device="cpu"):
     """An autograd function with the inputs of ``cem_v2`` that only allocates its outputs."""
     from torch.autograd.function import once_differentiable
 
@@ -200,9 +232,10 @@ def floor_us(n, B=1, H=12, T=16, d=64):
             return (torch.empty_like(q), torch.empty_like(kv), None, None, torch.empty_like(sb),
                     torch.empty_like(cb))
 
-    q, kv, do = (torch.randn(B, H, T, d, dtype=torch.bfloat16) for _ in range(3))
-    leaves = [t.requires_grad_() for t in (q, kv, torch.zeros(H), torch.zeros(H))]
-    slopes = reference.alibi_slopes(H).float()
+    q, kv, do = (torch.randn(B, H, T, d, dtype=torch.bfloat16, device=device) for _ in range(3))
+    leaves = [t.requires_grad_() for t in (q, kv, torch.zeros(H, device=device),
+                                           torch.zeros(H, device=device))]
+    slopes = reference.alibi_slopes(H).float().to(device)
 
     def call():
         Allocate.apply(leaves[0], leaves[1], 0.125, slopes, leaves[2], leaves[3])[0].backward(do)
@@ -212,11 +245,22 @@ def floor_us(n, B=1, H=12, T=16, d=64):
 
 
 PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner"),
-         "mlp": ("cemlib", "custom_ops", "eager_reference")}
+         "mlp": ("cemlib", "custom_ops", "eager_reference"), "sdpa": ("torch",)}
 
 
-def measure(name, path, n):
-    """One row: ``name`` through ``path`` (:data:`PATHS`)."""
+def paths(name: str) -> tuple:
+    """The paths measured for method ``name``."""
+    return PATHS["mlp" if name.startswith("mlp") else "sdpa" if name.startswith("sdpa")
+                 else "attention"]
+
+
+def measure(name, path, n, device="cpu", B=1):
+    """One row: ``name`` through ``path`` (:data:`PATHS`), on ``device``, batch ``B``."""
+    if path == "torch":  # no cemlib launch to take apart
+        call, leaves = call_of(name, B=B, path=path, device=device)
+        for _ in range(20):
+            call()
+        return dict(method=name, path=path, full_us=round(median_us(call, n, leaves), 1))
     v2._tuned = _NoCache() if path == "through_autotuner" else {}
     v2._choices = _NoCache() if path == "through_autotuner" else {}
     # (the warm-up that compiles a space in parallel runs where no choice is cached: at every
@@ -224,7 +268,7 @@ def measure(name, path, n):
     v2.PARALLEL_COMPILE = path != "through_autotuner" and PARALLEL_COMPILE
     direct_launch._enabled[0] = path == "cemlib"
     direct_launch.clear()
-    call, leaves = call_of(name, path=path)
+    call, leaves = call_of(name, B=B, path=path, device=device)
     call()  # compiles, autotunes
     for _ in range(20):
         call()
@@ -252,11 +296,11 @@ def measure(name, path, n):
                without_launches_us=round(without, 1),
                launches_us=round(median_us(replay, n), 1), launches_per_call=len(recorded))
     if path == "cemlib" and name == "cem_v2":
-        row["bwd_launch_layers_us"] = launch_layers(recorded, n)
+        row["bwd_launch_layers_us"] = launch_layers(recorded, n, device)
     return row
 
 
-def launch_layers(recorded, n):
+def launch_layers(recorded, n, device="cpu"):
     """One backward launch taken apart (the recorded arguments of the ``bwd`` kernel)."""
     (name, kernel, grid, args, meta, block_d, device, length, *rest), _ = next(
         r for r in recorded if r[0][0] == "bwd")
@@ -270,6 +314,7 @@ def launch_layers(recorded, n):
     bound = list(binder(*args, **kw)[0].values())
     run = compiled.run
     grid3 = (tuple(g) + (1, 1))[:3]
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
     n = 4 * n
 
     def cached_choice(direct):
@@ -289,9 +334,10 @@ def launch_layers(recorded, n):
         jit_run=round(median_us(lambda: kernel[g](*args, **kw), n), 1),
         direct_launch=round(median_us(lambda: direct_launch.launch(kernel, g, args, kw), n), 1),
         binder=round(median_us(lambda: binder(*args, **kw), n), 1),
-        compiled_launcher_noop=round(median_us(
-            lambda: run(*grid3, 0, compiled.function, compiled.packed_metadata, None, None, None,
-                        *bound), n), 1),
+        **{"compiled_launcher" if torch.device(device).type == "cuda" else
+           "compiled_launcher_noop": round(median_us(
+               lambda: run(*grid3, stream, compiled.function, compiled.packed_metadata, None,
+                           None, None, *bound), n), 1)},
         positional_args=len(args), meta_parameters=len(meta))
 
 
@@ -329,45 +375,96 @@ def command_line(script: str, argv=None) -> str:
         argv if argv is not None else sys.argv[1:])
 
 
+#: the batch of the calls timed on a GPU's host: 2, not the CPU run's 1, because Triton
+#: specializes an integer argument equal to 1 (the backward kernel's batch count), and the kernels
+#: carried to the GPU (``warm_cache.py``) were compiled for batches above 1; host time does not
+#: depend on the batch
+CUDA_BATCH = 2
+
+
+def run(device="cpu", quick=False, argv=None, n=None, rounds=None) -> dict:
+    """The measurement as a result (without writing it): on the CPU with the stand-in driver
+    (:func:`gpu_paths`; this process then launches nothing for real), or with ``device="cuda"``
+    on the GPU's host. cemlib's launch caches and switches are restored afterwards, and torch's
+    thread count, so that a GPU script can go on after it."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    env = run_env(torch_threads=1, **({"device": torch.cuda.get_device_name(device)}
+                                      if cuda else {}))
+    saved = (v2._tuned, v2._choices, v2.PARALLEL_COMPILE, direct_launch._enabled[0])
+    if not cuda:
+        gpu_paths()
+    n = n or (30 if quick else 400)
+    rounds = rounds or (1 if quick else ROUNDS)
+    B = CUDA_BATCH if cuda else 1
+    methods = ("cem_v2",) if quick else METHODS
+    measured = []  # one list of rows per round
+    try:
+        with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+            for r in range(rounds):
+                measured.append([measure(name, path, n, device, B) for name in methods
+                                 for path in paths(name)])
+                print(f"round {r + 1} of {rounds} done", flush=True)
+            floor = min(round(floor_us(n, B=B, device=device), 1) for _ in range(rounds))
+    finally:
+        v2._tuned, v2._choices, v2.PARALLEL_COMPILE, direct_launch._enabled[0] = saved
+        direct_launch.clear()
+        torch.set_num_threads(threads)
+    rows = smallest(measured)
+    for row in rows:
+        print(f"{row['method']:14s} {row['path']:21s} fwd+bwd {row['full_us']:7.1f} us"
+              + ("" if "launches_us" not in row else
+                 f"  without launches {row['without_launches_us']:7.1f}  launches "
+                 f"{row['launches_us']:7.1f} ({row['launches_per_call']})"), flush=True)
+    print(f"floor (an autograd.Function that only allocates): {floor} us")
+    layers = next(r["bwd_launch_layers_us"] for r in rows if "bwd_launch_layers_us" in r)
+    print("one bwd launch, us:", layers)
+    where = ("the GPU's host, the real driver, CUDA tensors (launched; tiny shapes, so that a "
+             "call's time is its host time)" if cuda else
+             "kernels compiled for sm_90, a no-op launcher, CPU tensors")
+    return dict(
+        benchmark="host_overhead", env=env, command=command_line(__file__, argv),
+        note=(f"host (CPU) time of one attention forward+backward up to the driver's launch: "
+              f"{where} (B={B}, H=12, T=16, d=64, bf16); one torch thread; "
+              + ("medians of %d calls; quick run: not a result" % n if quick else
+                 "each number the smallest of %d rounds' medians of %d calls (the rounds spread "
+                 "over the run: a burst of load on the machine raises one round, not the result)"
+                 % (rounds, n))),
+        device=str(device), quick=quick, rows=rows, floor_us=floor,
+        ratios_to_sdpa=ratios_to_sdpa(rows, floor))
+
+
+def ratios_to_sdpa(rows, floor) -> dict:
+    """Each cemlib row's full time, and the floor, over PyTorch's attention (``sdpa_untied``)
+    in the same run (empty when that row is absent)."""
+    base = next((r["full_us"] for r in rows if r["method"] == "sdpa_untied"), None)
+    if not base:
+        return {}
+    out = {f"{r['method']} {r['path']}": round(r["full_us"] / base, 3) for r in rows
+           if r["method"] != "sdpa_untied"}
+    out["floor"] = round(floor / base, 3)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="cem_v2 only, few repetitions (a check "
                                                         "that the script runs, not a result)")
-    p.add_argument("--out", help="JSON path (default: results/host_overhead_cpu.json; an "
-                                 "existing one is kept unless --replace)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu: the stand-in driver (default); cuda: a GPU's host, real launches")
+    p.add_argument("--out", help="JSON path (default: results/host_overhead_cpu.json, or "
+                                 "host_overhead_<GPU>.json; an existing one is kept unless "
+                                 "--replace)")
     p.add_argument("--replace", action="store_true")
     args = p.parse_args(argv)
-    default = RESULTS / "host_overhead_cpu.json"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device")
+    default = RESULTS / ("host_overhead_cpu.json" if args.device == "cpu" else
+                         f"host_overhead_{device_slug(torch.cuda.get_device_name())}.json")
     announce(default, args.out, args.replace)
-    torch.set_num_threads(1)
-    env = run_env(torch_threads=1)
-    gpu_paths()
-    n, rounds = (30, 1) if args.quick else (400, ROUNDS)
-    measured = []  # one list of rows per round
-    for r in range(rounds):
-        measured.append([measure(name, path, n) for name in (("cem_v2",) if args.quick else METHODS)
-                         for path in PATHS["mlp" if name.startswith("mlp") else "attention"]])
-        print(f"round {r + 1} of {rounds} done", flush=True)
-    rows = smallest(measured)
-    for row in rows:
-        print(f"{row['method']:14s} {row['path']:21s} fwd+bwd {row['full_us']:7.1f} us  without "
-              f"launches {row['without_launches_us']:7.1f}  launches {row['launches_us']:7.1f} "
-              f"({row['launches_per_call']})", flush=True)
-    floor = min(round(floor_us(n), 1) for _ in range(rounds))
-    print(f"floor (an autograd.Function that only allocates): {floor} us")
-    layers = next(r["bwd_launch_layers_us"] for r in rows if "bwd_launch_layers_us" in r)
-    print("one bwd launch, us:", layers)
-    payload = dict(
-        benchmark="host_overhead", env=env,
-        command=command_line(__file__, argv),
-        note=("host (CPU) time of one attention forward+backward up to the driver's launch: "
-              "kernels compiled for sm_90, a no-op launcher, CPU tensors (B=1, H=12, T=16, "
-              "d=64, bf16); one torch thread; "
-              + ("medians of %d calls; quick run: not a result" % n if args.quick else
-                 "each number the smallest of %d rounds' medians of %d calls (the rounds spread "
-                 "over the run: a burst of load on the machine raises one round, not the result)"
-                 % (rounds, n))),
-        quick=args.quick, rows=rows, floor_us=floor)
+    payload = run(args.device, args.quick, argv)
     write_json(payload, default, args.out, args.replace)
     return payload
 

@@ -94,6 +94,7 @@ def test_gpu_script_dry_run(tmp_path):
     # CUDA-graph replay is measured on a GPU only; the ratios are there, from wall times here
     assert all(x.get("graphed_ms") is None for x in files["profile"]["rows"])
     assert "wall" in files["profile"]["ratios"]["cem_v2 / sdpa_untied T=16"]
+    assert "CUDA only" in files["profile"]["host"]["skipped"]  # host_overhead.run on a GPU
     assert {x["method"] for x in files["mlp"]["results"]} == {"v2", "v2_separate_dv", "v1",
                                                               "eager"}
     assert set(files["mlp"]["v2_separate_dv_over_eager"]) == {"D_h=16 fwd", "D_h=16 fwd_bwd"}
@@ -202,7 +203,17 @@ def test_host_overhead_script_runs(tmp_path):
     layers = rows[("cem_v2", "cemlib")]["bwd_launch_layers_us"]
     assert set(layers) >= {"autotuner_and_jit", "cached_choice_and_jit", "cached_choice_and_direct",
                            "jit_run", "direct_launch", "binder"}
-    assert d["floor_us"] > 0
+    assert d["floor_us"] > 0 and d["device"] == "cpu"
+    assert d["ratios_to_sdpa"] == {}  # the quick run has no sdpa_untied row
+    # each row (and the floor) over PyTorch's attention of the same run
+    code = ("import json, host_overhead as h; print(json.dumps(h.ratios_to_sdpa([{'method': "
+            "'sdpa_untied', 'path': 'torch', 'full_us': 40.0}, {'method': 'cem_v2', 'path': "
+            "'cemlib', 'full_us': 100.0}], 30.0)))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "0",
+                                                    "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == {"cem_v2 cemlib": 2.5, "floor": 0.75}
     # rounds combine number by number, the smallest of each (nested too); the rest kept
     code = ("import json, host_overhead as h; print(json.dumps(h.smallest([[{'a': 1.0, 'b': "
             "{'c': 2.0}, 'm': 'x', 'n': 3}], [{'a': 0.5, 'b': {'c': 3.0}, 'm': 'x', 'n': 3}]])))")
