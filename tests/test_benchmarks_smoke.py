@@ -194,6 +194,8 @@ def test_host_overhead_script_runs(tmp_path):
     d = _run(["benchmarks/host_overhead.py", "--quick"], tmp_path, "host", timeout=900,
              env={**os.environ, "TRITON_INTERPRET": "0"})
     assert d["quick"] and "not a result" in d["note"] and d["env"]["triton"]
+    # the recorded command keeps this machine's path out (failing input: --out <tmp path>)
+    assert d["command"] == "python benchmarks/host_overhead.py --quick --out <file>"
     rows = {(x["method"], x["path"]): x for x in d["rows"]}
     assert set(rows) == {("cem_v2", "cemlib"), ("cem_v2", "without_direct_launch"),
                          ("cem_v2", "through_autotuner")}
