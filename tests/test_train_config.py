@@ -43,6 +43,7 @@ def test_impossible_batch_accumulation_split():
     ("batch_size", 2.5, "train.batch_size must be a positive integer"),
     ("precision", "fp8", "train.precision must be"),
     ("seed", -1, "train.seed must be a non-negative integer"),
+    ("compile_mode", "reduce_overhead", "train.compile_mode must be one of default, reduce-overhead"),
 ])
 def test_bad_train_values_are_named(field, value, match):
     with pytest.raises(ConfigError, match=match):
@@ -136,3 +137,39 @@ def test_batches_reject_bad_streams_and_detect_mismatch():
     with pytest.raises(DataMismatchError, match="seed = 2"):
         a.check_state(TokenBatches(torch.arange(100), 8, seed=2).state_dict())
     a.check_state(TokenBatches(torch.arange(100), 8, seed=1).state_dict())
+
+
+def test_compile_modes_that_replay_cuda_graphs():
+    """train.compile_mode: which of torch.compile's modes replay CUDA graphs (the trainer then
+    marks each forward as a new step); ``default`` passes no mode at all."""
+    from cemlib.train.config import COMPILE_MODES, uses_cuda_graphs
+    assert {m: uses_cuda_graphs(m) for m in COMPILE_MODES} == {
+        "default": False, "reduce-overhead": True, "max-autotune": True,
+        "max-autotune-no-cudagraphs": False}
+    assert TrainConfig(compile=True, compile_mode="reduce-overhead").compile_mode == "reduce-overhead"
+
+
+def test_each_forward_is_a_new_cuda_graph_step_when_graphs_replay(monkeypatch):
+    """Under CUDA graphs (train.compile_mode "reduce-overhead") the trainer marks every forward
+    of the model, each micro-step's and each evaluation batch's, as a new step for PyTorch's
+    graph trees, and none otherwise. Checked on the CPU by counting the marks against the
+    forwards of a short run with gradient accumulation and evaluations (failing input: a forward
+    without its mark, e.g. the evaluation's)."""
+    import cemlib.train.trainer as trainer_mod
+    from cemlib.train.experiments import build
+    cfg = get_config("shakespeare-llama", "cpu", [
+        "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "train.batch_size=4",
+        "train.grad_accum=2", "train.context_length=16", "train.eval_batches=2",
+        "train.eval_interval=2", "train.max_steps=4", "optim.warmup_steps=1",
+        "train.final_whole_eval=false"])
+    model, task = build(cfg, load_data(cfg))
+    marks, forwards = [], []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    for graphs in (False, True):
+        marks.clear(), forwards.clear()
+        t = trainer_mod.Trainer(model, task, cfg, verbose=False)
+        t._graphs = graphs  # as on CUDA with compile_mode="reduce-overhead"
+        t.fit()
+        assert len(forwards) > 4 * 2  # the micro-steps and the evaluations
+        assert len(marks) == (len(forwards) if graphs else 0)

@@ -221,7 +221,7 @@ def check_model_state(model_state: dict, expected: dict, source: str) -> None:
 
 
 # Fields that may change between a run and its resumption without changing the training path.
-RESUMABLE_CHANGES = {"train.device", "train.compile", "train.checkpoint_interval", "train.final_whole_eval", "train.eval_interval",
+RESUMABLE_CHANGES = {"train.device", "train.compile", "train.compile_mode", "train.checkpoint_interval", "train.final_whole_eval", "train.eval_interval",
                      "train.eval_batches", "train.log_interval", "train.peak_tflops"}
 
 

@@ -16,7 +16,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 __all__ = ["OptimConfig", "TrainConfig", "DataConfig", "ExperimentConfig", "ConfigError",
-           "micro_batch_size", "apply_overrides", "resolve_precision", "PRECISIONS", "format_value"]
+           "micro_batch_size", "apply_overrides", "resolve_precision", "PRECISIONS", "COMPILE_MODES",
+           "uses_cuda_graphs", "format_value"]
 
 
 class ConfigError(ValueError):
@@ -92,7 +93,12 @@ class TrainConfig:
     ``grad_accum`` micro-steps on each of the ``world_size`` processes, so it must be divisible by
     ``grad_accum * world_size`` (see :func:`micro_batch_size`). ``precision`` (see
     :func:`resolve_precision`): ``auto`` is bf16 autocast on a CUDA GPU with bf16, fp16 autocast
-    with a gradient scaler on one without (Colab's T4), float32 elsewhere. ``compile`` applies ``torch.compile`` on CUDA only.
+    with a gradient scaler on one without (Colab's T4), float32 elsewhere. ``compile`` applies ``torch.compile`` on CUDA only,
+    with ``compile_mode`` (:data:`COMPILE_MODES`, ``torch.compile``'s ``mode``): ``"reduce-overhead"`` (and
+    ``"max-autotune"``) also replay each step from CUDA graphs, which takes the host's launch work out of the step: a
+    model whose step is host-bound (many small kernels, or kernels launched from Python, as cemlib's fused CEM layers are)
+    runs at the speed of its GPU kernels. The trainer then marks every forward as a new step for PyTorch's graph trees.
+    Single GPU or DDP; not with FSDP.
     ``peak_tflops`` overrides the peak used for MFU (else a table of known GPUs; CPU has none).
     ``final_whole_eval`` evaluates the final model once more on the whole validation split
     (``metrics["final_whole_val"]``); turn it off where a forward pass is expensive (the Triton
@@ -110,6 +116,7 @@ class TrainConfig:
     seed: int = 1337
     precision: str = "auto"
     compile: bool = False
+    compile_mode: str = "default"
     device: str | None = None
     peak_tflops: float | None = None
     final_whole_eval: bool = True
@@ -122,6 +129,8 @@ class TrainConfig:
             _pos_int(getattr(self, name), f"train.{name}")
         _nonneg_int(self.checkpoint_interval, "train.checkpoint_interval")
         _nonneg_int(self.seed, "train.seed")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.peak_tflops is not None:
@@ -134,6 +143,17 @@ class TrainConfig:
 
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+#: ``torch.compile``'s modes (``"default"``: its default, no ``mode`` given)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def uses_cuda_graphs(compile_mode: str) -> bool:
+    """Whether ``torch.compile`` in ``compile_mode`` replays the compiled graphs from CUDA graphs
+    (Inductor's ``triton.cudagraphs`` option of that mode)."""
+    if compile_mode == "default":
+        return False
+    from torch._inductor import list_mode_options
+    return bool(list_mode_options(compile_mode).get("triton.cudagraphs", False))
 
 
 def resolve_precision(precision: str, device_type: str, bf16_supported: bool) -> str:

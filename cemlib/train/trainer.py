@@ -47,7 +47,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from cemlib.train import checkpoint as ckpt
-from cemlib.train.config import ExperimentConfig, micro_batch_size, resolve_precision
+from cemlib.train.config import ExperimentConfig, micro_batch_size, resolve_precision, uses_cuda_graphs
 from cemlib.train.data import TokenBatches
 from cemlib.train.tasks import LanguageModelTask, Task, lm_loss  # lm_loss: re-exported
 from cemlib.train.config import ConfigError
@@ -253,8 +253,14 @@ class Trainer:
         self.ddp = self.model if isinstance(self.model, nn.parallel.DistributedDataParallel) else None
         self.optimizer = make_optimizer(self.raw_model, cfg.optim)
         self.scheduler = make_scheduler(self.optimizer, cfg.optim, tc.max_steps)
+        # CUDA graphs (train.compile_mode "reduce-overhead" or "max-autotune"): each forward is
+        # marked as a new step for PyTorch's graph trees (_step_begin)
+        self._graphs = bool(tc.compile and self.device.type == "cuda" and uses_cuda_graphs(tc.compile_mode))
+        if self._graphs and strategy == "fsdp" and self.dist.enabled:
+            raise ConfigError(f"train.compile_mode={tc.compile_mode!r} replays CUDA graphs, which this trainer does "
+                              "not support with FSDP; use compile_mode='default' or the DDP strategy")
         if tc.compile and self.device.type == "cuda":
-            self.model = torch.compile(self.model)
+            self.model = torch.compile(self.model, mode=None if tc.compile_mode == "default" else tc.compile_mode)
         elif tc.compile and self.dist.is_main:
             print("note: train.compile is honoured on CUDA only; running eagerly", file=sys.stderr)
         self.step, self.history, self.train_time, self.timed_tokens = 0, {"train": [], "eval": []}, 0.0, 0
@@ -276,7 +282,15 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
+    def _step_begin(self) -> None:
+        """Before each forward of the compiled model under CUDA graphs: a new step for PyTorch's
+        graph trees (the outputs of the previous replay may then be overwritten; the trainer has
+        read them by then)."""
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
     def _loss(self, batch) -> torch.Tensor:
+        self._step_begin()
         if self.loss_fn is not None:
             return self.loss_fn(self.model, *batch)
         return self.task.loss(self.model, batch)
@@ -693,6 +707,7 @@ class Trainer:
         acc = None
         for weight, batch in batches:
             batch = tuple(t.to(self.device) for t in batch)
+            self._step_begin()
             with self._autocast():
                 stats = stats_of(batch)
             if acc is None:
