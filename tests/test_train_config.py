@@ -173,3 +173,21 @@ def test_each_forward_is_a_new_cuda_graph_step_when_graphs_replay(monkeypatch):
         t.fit()
         assert len(forwards) > 4 * 2  # the micro-steps and the evaluations
         assert len(marks) == (len(forwards) if graphs else 0)
+
+
+def test_compile_mode_at_its_default_keeps_earlier_runs_ids():
+    """``train.compile_mode`` came after runs were stored: at ``"default"`` it is left out of a
+    run's identity, so a config stored without it (a results file, a run folder to resume) is
+    the same run with the same id; another mode is another run (failing input: the field in the
+    identity at its default, "train.compile_mode: '(unset)' vs 'default'")."""
+    from dataclasses import asdict
+
+    from cemlib.train.runs import identity_differences, run_id
+    cfg = get_config("shakespeare-llama", "cpu", [])
+    stored = asdict(cfg)
+    del stored["train"]["compile_mode"]  # as written before the field existed
+    assert identity_differences(stored, cfg) == [] and run_id(stored) == run_id(cfg)
+    graphs = get_config("shakespeare-llama", "cpu", ["train.compile_mode=reduce-overhead"])
+    assert identity_differences(stored, graphs) == [
+        "train.compile_mode: '(unset)' vs 'reduce-overhead'"]
+    assert run_id(graphs) != run_id(cfg)

@@ -25,7 +25,9 @@ autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager hol
 Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
 :func:`tied_gated_mlp_step` is the entry point: in eager mode one ``torch.autograd.Function``
 (which costs the host less than a pair of custom operators), while compiling (``torch.compile``)
-the same forward and backward as opaque ``torch.library`` custom ops; the element-wise launches
+the same forward and backward as opaque ``torch.library`` operators (the forward a custom op with
+its derivative; the backward and the inference step registered without custom op's per-call
+layers, :mod:`cemlib.kernels.operators`); the element-wise launches
 skip Triton's per-call specialization on CUDA (:mod:`cemlib.kernels.direct_launch`).
 
 **v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward
@@ -66,7 +68,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.library import custom_op
 
-from cemlib.kernels import direct_launch
+from cemlib.kernels import direct_launch, operators
 from cemlib.kernels.ops import _on_device  # Triton launches on the current CUDA device
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -393,15 +395,15 @@ def _(u, V, gamma, dv_products="accumulate"):
     return u.new_empty(u.shape), u.new_empty((u.shape[0], V.shape[0]))
 
 
-@custom_op("cemlib::tied_mlp_step_bwd", mutates_args=())
-def _step_bwd(dy: Tensor, u: Tensor, V: Tensor, gamma: Tensor,
-              h: Tensor, dv_products: str = "accumulate") -> tuple[Tensor, Tensor, Tensor]:
-    return _backward(dy, u, V, gamma, h, dv_products)
-
-
-@_step_bwd.register_fake
-def _(dy, u, V, gamma, h, dv_products="accumulate"):
+def _step_bwd_fake(dy, u, V, gamma, h, dv_products="accumulate"):
     return u.new_empty(u.shape), V.new_empty(V.shape), gamma.new_empty(gamma.shape)
+
+
+# the backward: called only by _step_backward, the compiled forward's derivative (no autograd
+# graph records it), so registered without custom_op's layers (cemlib.kernels.operators)
+_step_bwd = operators.define(
+    "tied_mlp_step_bwd", "(Tensor dy, Tensor u, Tensor V, Tensor gamma, Tensor h, "
+    "str dv_products=\"accumulate\") -> (Tensor, Tensor, Tensor)", _backward, _step_bwd_fake)
 
 
 def _step_setup(ctx, inputs, output):
@@ -421,14 +423,9 @@ def _step_backward(ctx, dy, _dh):
 _step_fwd.register_autograd(_step_backward, setup_context=_step_setup)
 
 
-@custom_op("cemlib::tied_mlp_step_infer", mutates_args=())
-def _step_infer(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
-    return _inference(u, V, gamma)
-
-
-@_step_infer.register_fake
-def _(u, V, gamma):
-    return u.new_empty(u.shape)
+# inference only (no input requires grad, or grad mode off): no derivative, no custom_op layers
+_step_infer = operators.define("tied_mlp_step_infer", "(Tensor u, Tensor V, Tensor gamma) -> Tensor",
+                               _inference, lambda u, V, gamma: u.new_empty(u.shape))
 
 
 def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor,

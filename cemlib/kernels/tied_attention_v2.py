@@ -62,7 +62,9 @@ Entry point: :func:`tied_attention`, with the reference's arguments (the dispatc
 :func:`cemlib.kernels.dispatch.tied_attention`, validates them and calls it on CUDA for fp16/bf16,
 and for any dtype with the ``"triton"`` backend). In eager mode the call is one plain
 ``torch.autograd.Function``; while compiling (``torch.compile``), the same forward and backward run
-as two opaque ``torch.library`` custom ops (no graph break, no tracing into Triton). First order
+as two opaque ``torch.library`` operators (no graph break, no tracing into Triton): the forward a
+custom op with its derivative, the backward, which no autograd graph records, registered without
+custom op's per-call layers (:mod:`cemlib.kernels.operators`). First order
 only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
 The autotuner times every configuration at the first call of each power-of-two bucket of the
 sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each.
@@ -87,7 +89,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.library import custom_op
 
-from cemlib.kernels import direct_launch
+from cemlib.kernels import direct_launch, operators
 from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -1410,27 +1412,32 @@ def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values
             square, q.new_empty((B, L, L)) if extra_values else _empty(q))
 
 
-@custom_op("cemlib::tied_attention_v2_bwd", mutates_args=())
-def _bwd_op(do: Optional[Tensor], dlse: Optional[Tensor], doe: Optional[Tensor], q: Tensor,
-            kv: Tensor, o: Tensor, lse: Tensor, scale: float, alibi: Optional[Tensor],
-            self_bias: Optional[Tensor], cross_bias: Optional[Tensor], q_extra: Optional[Tensor],
-            k_extra: Optional[Tensor], e2: Optional[Tensor], a: Optional[Tensor],
-            needs: list[bool], atomic_dq: int) -> list[Tensor]:
+def _bwd_kernel_op(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra,
+                   k_extra, e2, a, needs, atomic_dq):
     with _on_device(q):
         grads = backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias,
                          q_extra, k_extra, e2, a, needs, None if atomic_dq < 0 else bool(atomic_dq))
     return [g if g is not None else _empty(q) for g in grads]
 
 
-@_bwd_op.register_fake
-def _(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a,
-      needs, atomic_dq):
+def _bwd_fake(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
+              e2, a, needs, atomic_dq):
     like = [q, kv, alibi, self_bias, cross_bias, q_extra, k_extra]
     flags = [True, True, *needs[2:]]
     out = []
     for t, need in zip(like, flags):
         out.append(torch.empty_like(t) if t is not None and need else _empty(q))
     return out
+
+
+# the backward: called only by _op_backward, the compiled forward's derivative (no autograd
+# graph records it), so registered without custom_op's layers (cemlib.kernels.operators)
+_bwd_op = operators.define(
+    "tied_attention_v2_bwd",
+    "(Tensor? do, Tensor? dlse, Tensor? doe, Tensor q, Tensor kv, Tensor o, Tensor lse, "
+    "float scale, Tensor? alibi, Tensor? self_bias, Tensor? cross_bias, Tensor? q_extra, "
+    "Tensor? k_extra, Tensor? e2, Tensor? a, bool[] needs, SymInt atomic_dq) -> Tensor[]",
+    _bwd_kernel_op, _bwd_fake)
 
 
 def _op_setup(ctx, inputs, output):

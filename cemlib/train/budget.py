@@ -104,8 +104,10 @@ COUNTS_FILE = Path(__file__).with_name("gpu_counts.json")
 
 def fingerprint(cfg: ExperimentConfig) -> str:
     """A short hash of the resolved configuration, ``train.seed`` excluded (seeds change neither
-    the model's size nor the data's)."""
-    d = cfg.to_dict()
+    the model's size nor the data's), and fields added since the counts were stored left out at
+    the value those configurations had (``cemlib.train.runs.drop_later_defaults``)."""
+    from cemlib.train.runs import drop_later_defaults
+    d = drop_later_defaults(cfg.to_dict())
     d["train"] = {k: v for k, v in d["train"].items() if k != "seed"}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

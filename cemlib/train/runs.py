@@ -34,13 +34,17 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["RunFolderError", "NON_IDENTITY_FIELDS", "identity_config", "identity_differences", "identity_key",
+__all__ = ["RunFolderError", "NON_IDENTITY_FIELDS", "LATER_FIELDS", "drop_later_defaults", "identity_config", "identity_differences", "identity_key",
            "run_id",
            "default_out_dir", "grid_stem", "run_artifacts", "newest_checkpoint", "resolve_checkpoint",
            "folder_run", "check_run_folder", "out_dir_lock", "LOCK_NAME", "name_max"]
 
 #: fields that change neither what a run trains nor what it measures
 NON_IDENTITY_FIELDS = ("train.checkpoint_interval", "train.log_interval", "train.peak_tflops")
+#: fields added after runs were stored, with the value those runs had: at that value a field is
+#: left out of the identity, so that a run stored before it existed keeps its id and its folder
+#: (and resumes); any other value makes another run
+LATER_FIELDS = {"train.compile_mode": "default"}
 LOCK_NAME = ".cemlib-lock"
 _CKPT = re.compile(r"^ckpt_(\d+)\.pt$")
 
@@ -67,7 +71,18 @@ def identity_config(cfg) -> dict:
     for dotted in (*NON_IDENTITY_FIELDS, *unused_fields(d["data"]["name"])):
         section, name = dotted.split(".")
         d[section].pop(name, None)
+    drop_later_defaults(d)
     return json.loads(json.dumps(d, default=repr))  # tuples as lists, as a results file has them
+
+
+def drop_later_defaults(d: dict) -> dict:
+    """Remove from the config dictionary ``d`` (in place; also returned) every field of
+    :data:`LATER_FIELDS` that holds the value runs had before it existed."""
+    for dotted, earlier in LATER_FIELDS.items():
+        section, name = dotted.split(".")
+        if d[section].get(name, earlier) == earlier:
+            d[section].pop(name, None)
+    return d
 
 
 def _flat(d: dict) -> dict:
