@@ -3,8 +3,8 @@
 # (benchmarks/gpu_kernels.py: correctness, autotune, attention, profile, mlp, train; one JSON per
 # stage in benchmarks/results/, resumable), or the CUDA kernel tests (a separate call).
 #   bash benchmarks/run_gpu.sh [gpu_kernels.py options]   e.g. --stage mlp train, --force
-#   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel, no-sync and trainer (CUDA
-#                                                         graphs) tests on the GPU,
+#   bash benchmarks/run_gpu.sh tests [pytest options]     the kernel, operator, no-sync and
+#                                                         trainer (CUDA graphs) tests on the GPU,
 #                                                         one line per test (e.g. -x -rf: stop
 #                                                         at the first failure; default
 #                                                         configurations, 8 workers: below)
@@ -44,6 +44,7 @@ if [[ "${1:-}" == "tests" ]]; then
   # names them only in its closing summary, and "-v" after a "-q" here only cancelled it)
   exec python -m pytest -v -p no:cacheprovider -o addopts=-ra ${workers[@]+"${workers[@]}"} \
     tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py \
-    tests/test_kernels_torch.py tests/test_no_sync.py tests/test_train_cuda.py "${@:2}"
+    tests/test_kernels_torch.py tests/test_no_sync.py tests/test_operators.py \
+    tests/test_train_cuda.py "${@:2}"
 fi
 exec python benchmarks/gpu_kernels.py "$@"
