@@ -22,11 +22,18 @@ variables, none of which says on which machine it was compiled. So:
     manifest of what the key depends on into
     ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
     its manifest, with the kernels and compile seconds per part, also goes to
-    ``results/warm_cache_sm90.json``).
+    ``results/warm_cache_sm90.json``). The manifest names the kernel code it was built from
+    (:func:`kernel_digest`: Triton's key holds each kernel's source *and starting line*, so one
+    line more above a kernel makes the archive useless for it; a test checks that the committed
+    manifest matches the code).
+``check``
+    whether the archive was built from this checkout's kernel code (exit status 1 if not): run
+    it before carrying the archive to a GPU.
 ``install``
     unpacks it into this machine's Triton cache (``TRITON_CACHE_DIR``, default
     ``~/.triton/cache``), rewrites each kernel's file list to where it now lies (Triton stores
-    absolute paths), and says whether this machine's Triton and ``ptxas`` match the manifest. A
+    absolute paths), and says whether this machine's Triton and ``ptxas`` match the manifest,
+    and whether the kernel code does (``kernel_code_matches``). A
     kernel that does not match is simply compiled again on the GPU: the cache can only save
     time. ``benchmarks/run_gpu.sh`` installs it when it is there, and ``gpu_kernels.py`` records
     per stage how many kernels it still compiled (``triton_cache``), which says on the GPU
@@ -36,6 +43,7 @@ Build with the GPU machine's Triton (3.6.0 on the H100 and H200 images, Python 3
 holds Triton's own hashes, and ``libtriton`` differs between Python versions. Usage::
 
     python benchmarks/warm_cache.py build [--quick] [--out FILE] [--manifest FILE]
+    python benchmarks/warm_cache.py check [FILE]     # built from this kernel code? (exit 1: no)
     python benchmarks/warm_cache.py install [FILE]
     python benchmarks/warm_cache.py replay --quick   # the quick build's call: kernels compiled
 
@@ -99,6 +107,42 @@ def fingerprint(arch: int = ARCH) -> dict:
             "ptxas": get_ptxas_version(arch).strip().splitlines()[-1],
             "env_vars": dict(sorted(get_cache_invalidating_env_vars().items())),
             "python": platform.python_version()}
+
+
+#: the modules whose ``@triton.jit`` functions the cache holds compiled
+KERNEL_MODULES = ("cemlib.kernels.tied_attention_v2", "cemlib.kernels.tied_attention_triton",
+                  "cemlib.kernels.gated_mlp_triton")
+
+
+def kernel_digest(modules=KERNEL_MODULES) -> str:
+    """A digest of what Triton's cache keys take from the kernel ``modules``: each ``@triton.jit``
+    function's source and the line it starts on, and the modules' ``tl.constexpr`` globals.
+    Triton puts a kernel's starting line into its key, so an edit above a kernel (one more line in
+    the module's docstring) changes the key of every kernel below it, and a carried cache built
+    before the edit holds none of them. Independent of the Triton version (the build's Triton
+    and this machine's may differ). Equal digests: the archive was built from this kernel code."""
+    import importlib
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+    kinds = [JITFunction]
+    try:  # what triton.jit returns under TRITON_INTERPRET=1
+        from triton.runtime.interpreter import InterpretedFunction
+        kinds.append(InterpretedFunction)
+    except ImportError:
+        pass
+    h = hashlib.sha256()
+    for name in modules:
+        module = importlib.import_module(name)
+        for attr, value in sorted(vars(module).items()):
+            fn = getattr(value, "fn", None)
+            if isinstance(value, tuple(kinds)) and getattr(fn, "__module__", None) == name:
+                lines, start = inspect.getsourcelines(fn)
+                h.update(f"{name}.{attr}:{start}\n{''.join(lines)}".encode())
+            elif isinstance(value, tl.constexpr):
+                h.update(f"{name}.{attr}={value.value!r}\n".encode())
+    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------ build
@@ -313,6 +357,7 @@ def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None =
     t0 = time.monotonic()
     parts = _compile_calls(quick)
     manifest = {"benchmark": "warm_cache", "arch": f"sm_{ARCH}", "fingerprint": fingerprint(),
+                "kernel_digest": kernel_digest(),
                 "kernels": entries(directory), "parts": parts, "quick": quick,
                 "build_dir": "<temporary>", "compile_s": round(time.monotonic() - t0, 1),
                 "env": host_overhead.run_env(),
@@ -371,8 +416,32 @@ def install(archive: Path, directory: Path | None = None) -> dict:
     report = {"archive": archive.name, "kernels": manifest["kernels"], "installed": added,
               "cache_dir_kernels": entries(directory), "matches": not differs,
               "differs": {k: {"archive": manifest["fingerprint"].get(k), "here": here.get(k)}
-                          for k in differs}}
+                          for k in differs},
+              "kernel_code_matches": _code_matches(manifest)}
     print("warm Triton cache:", json.dumps(report), flush=True)
+    if report["kernel_code_matches"] is False:
+        print("warm Triton cache: built from other kernel code (kernel_digest differs): its "
+              "kernels will be compiled again; rebuild it with warm_cache.py build",
+              file=sys.stderr, flush=True)
+    return report
+
+
+def _code_matches(manifest: dict) -> bool | None:
+    """Whether ``manifest``'s archive was built from this checkout's kernel code (None: the
+    manifest does not say)."""
+    built = manifest.get("kernel_digest")
+    return None if built is None else built == kernel_digest()
+
+
+def check(archive: Path) -> dict:
+    """Whether ``archive`` holds the kernels of this checkout's code (before carrying it to a GPU):
+    its manifest's ``kernel_digest`` against this code's; exit status 1 where it does not."""
+    with tarfile.open(archive, "r:xz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    report = {"archive": str(archive.name), "built_at": manifest.get("env", {}).get("git_commit"),
+              "kernel_digest": manifest.get("kernel_digest"), "here": kernel_digest(),
+              "kernel_code_matches": _code_matches(manifest)}
+    print(json.dumps(report))
     return report
 
 
@@ -401,9 +470,15 @@ def main(argv=None):
     i.add_argument("archive", type=Path, nargs="?", default=ARCHIVE)
     r = sub.add_parser("replay", help="the build's calls again: how many kernels still compile")
     r.add_argument("--quick", action="store_true")
+    c = sub.add_parser("check", help="whether the archive was built from this kernel code")
+    c.add_argument("archive", type=Path, nargs="?", default=ARCHIVE)
     args = p.parse_args(argv)
     if args.command == "install":
         return install(args.archive)
+    if args.command == "check":
+        sys.path.insert(0, str(HERE.parent))
+        report = check(args.archive)
+        sys.exit(0 if report["kernel_code_matches"] else 1)
     sys.path.insert(0, str(HERE))
     if args.command == "replay":
         return replay(args.quick)

@@ -24,10 +24,8 @@ retained graph can be differentiated again and ``torch.compile`` sees no mutatio
 autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager holds two at a time.
 Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
 :func:`tied_gated_mlp_step` is the entry point: in eager mode one ``torch.autograd.Function``
-(which costs the host less than a pair of custom operators), while compiling (``torch.compile``)
-the same forward and backward as opaque ``torch.library`` operators (the forward a custom op with
-its derivative; the backward and the inference step registered without custom op's per-call
-layers, :mod:`cemlib.kernels.operators`); the element-wise launches
+(cheaper on the host than custom operators), compiled as opaque ``torch.library`` operators (backward
+and inference registered directly: :mod:`cemlib.kernels.operators`); the element-wise launches
 skip Triton's per-call specialization on CUDA (:mod:`cemlib.kernels.direct_launch`).
 
 **v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward

@@ -58,14 +58,12 @@ the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out l
 the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 9 with
 the default CEM layer's shared diagonal (``tests/test_kernels_v2.py`` counts them).
 
-Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher,
-:func:`cemlib.kernels.dispatch.tied_attention`, validates them and calls it on CUDA for fp16/bf16,
-and for any dtype with the ``"triton"`` backend). In eager mode the call is one plain
-``torch.autograd.Function``; while compiling (``torch.compile``), the same forward and backward run
-as two opaque ``torch.library`` operators (no graph break, no tracing into Triton): the forward a
-custom op with its derivative, the backward, which no autograd graph records, registered without
-custom op's per-call layers (:mod:`cemlib.kernels.operators`). First order
-only (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
+Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher validates them
+and calls it on CUDA for fp16/bf16, and for any dtype with the ``"triton"`` backend). In eager mode
+one ``torch.autograd.Function``; while compiling (``torch.compile``), two opaque ``torch.library``
+operators (no graph break, no tracing into Triton): the forward a custom op with its derivative,
+the backward registered directly (:mod:`cemlib.kernels.operators`). First order only
+(``once_differentiable``): a second derivative needs ``use_backend("reference")``.
 The autotuner times every configuration at the first call of each power-of-two bucket of the
 sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each.
 ``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead of autotuning, the first configuration of
