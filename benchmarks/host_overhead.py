@@ -28,6 +28,9 @@ the tied gated-MLP step v2, 16 tokens, D_h = 16, D_v = 64, float32) and per path
   (``CEMLIB_DIRECT_LAUNCH=0``);
 - ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before either
   change;
+- ``operators`` (attention): what a graph compiled with ``torch.compile`` calls, the forward and
+  backward ``torch.library`` operators (``tied_attention_v2._fwd_op``, ``_bwd_op``), without
+  autograd;
 - ``custom_ops`` (the MLP step): its ``torch.library`` custom operators called in eager mode and
   every launch through Triton's path, as before the step got an ``autograd.Function`` for eager
   mode (the custom operators now serve ``torch.compile`` only);
@@ -205,6 +208,16 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
     leaves = [t.clone().requires_grad_() for t in (q, kv, torch.zeros(H, device=device),
                                                    torch.zeros(H, device=device))]
     atomic = name == "cem_v2_atomic"
+    if path == "operators":  # what a compiled graph calls: the forward and backward operators
+        needs = [True, True, False, True, True, False, False]
+
+        def call():
+            with torch.no_grad():
+                o, lse, *_ = v2._fwd_op(q, kv, d ** -0.5, slopes, leaves[2], leaves[3], None,
+                                        None, False, int(atomic))
+                v2._bwd_op(do, None, None, q, kv, o, lse, d ** -0.5, slopes, leaves[2],
+                           leaves[3], None, None, None, None, needs, int(atomic))
+        return call, leaves
 
     def call():
         o = v2.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
@@ -244,7 +257,7 @@ def floor_us(n, B=1, H=12, T=16, d=64, device="cpu"):
     return median_us(call, n, leaves)
 
 
-PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner"),
+PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner", "operators"),
          "mlp": ("cemlib", "custom_ops", "eager_reference"), "sdpa": ("torch",)}
 
 
@@ -266,7 +279,7 @@ def measure(name, path, n, device="cpu", B=1):
     # (the warm-up that compiles a space in parallel runs where no choice is cached: at every
     # launch on that path, which predates it)
     v2.PARALLEL_COMPILE = path != "through_autotuner" and PARALLEL_COMPILE
-    direct_launch._enabled[0] = path == "cemlib"
+    direct_launch._enabled[0] = path in ("cemlib", "operators")  # as shipped
     direct_launch.clear()
     call, leaves = call_of(name, B=B, path=path, device=device)
     call()  # compiles, autotunes

@@ -198,7 +198,7 @@ def test_host_overhead_script_runs(tmp_path):
     assert d["command"] == "python benchmarks/host_overhead.py --quick --out <file>"
     rows = {(x["method"], x["path"]): x for x in d["rows"]}
     assert set(rows) == {("cem_v2", "cemlib"), ("cem_v2", "without_direct_launch"),
-                         ("cem_v2", "through_autotuner")}
+                         ("cem_v2", "through_autotuner"), ("cem_v2", "operators")}
     for x in rows.values():
         assert x["launches_per_call"] == 3  # forward, preprocess, backward
         assert x["full_us"] > 0 and x["without_launches_us"] > 0 and x["launches_us"] > 0
