@@ -311,12 +311,14 @@ def measure(name, path, n, device="cpu", B=1):
                without_launches_us=round(without, 1),
                launches_us=round(median_us(replay, n), 1), launches_per_call=len(recorded))
     if path == "cemlib" and name == "cem_v2":
-        row["bwd_launch_layers_us"] = launch_layers(recorded, n, device)
+        row["bwd_launch_layers_us"] = launch_layers(recorded, n)
     return row
 
 
-def launch_layers(recorded, n, device="cpu"):
-    """One backward launch taken apart (the recorded arguments of the ``bwd`` kernel)."""
+def launch_layers(recorded, n):
+    """One backward launch taken apart (the recorded arguments of the ``bwd`` kernel; on the
+    device of the recorded call: with the stand-in driver the launcher does nothing, on a GPU it
+    launches)."""
     (name, kernel, grid, args, meta, block_d, device, length, *rest), _ = next(
         r for r in recorded if r[0][0] == "bwd")
     table = rest[0] if rest else name
@@ -445,8 +447,9 @@ def run(device="cpu", quick=False, argv=None, n=None, rounds=None) -> dict:
              "kernels compiled for sm_90, a no-op launcher, CPU tensors")
     return dict(
         benchmark="host_overhead", env=env, command=command_line(__file__, argv),
-        note=(f"host (CPU) time of one attention forward+backward up to the driver's launch: "
-              f"{where} (B={B}, H=12, T=16, d=64, bf16); one torch thread; "
+        note=(f"host (CPU) time of one attention forward+backward, "
+              + ("with the driver's launch: " if cuda else "up to the driver's launch: ")
+              + f"{where} (B={B}, H=12, T=16, d=64, bf16); one torch thread; "
               + ("medians of %d calls; quick run: not a result" % n if quick else
                  "each number the smallest of %d rounds' medians of %d calls (the rounds spread "
                  "over the run: a burst of load on the machine raises one round, not the result)"
