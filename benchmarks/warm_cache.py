@@ -23,7 +23,7 @@ variables, none of which says on which machine it was compiled. So:
     ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
     its manifest, with the kernels and compile seconds per part, also goes to
     ``results/warm_cache_sm90.json``). The manifest names the kernel code it was built from
-    (:func:`kernel_digest`: Triton's key holds each kernel's source *and starting line*, so one
+    (:func:`kernel_code_hash`: Triton's key holds each kernel's source *and starting line*, so one
     line more above a kernel makes the archive useless for it; a test checks that the committed
     manifest matches the code).
 ``check``
@@ -114,13 +114,13 @@ KERNEL_MODULES = ("cemlib.kernels.tied_attention_v2", "cemlib.kernels.tied_atten
                   "cemlib.kernels.gated_mlp_triton")
 
 
-def kernel_digest(modules=KERNEL_MODULES) -> str:
-    """A digest of what Triton's cache keys take from the kernel ``modules``: each ``@triton.jit``
+def kernel_code_hash(modules=KERNEL_MODULES) -> str:
+    """A hash of what Triton's cache keys take from the kernel ``modules``: each ``@triton.jit``
     function's source and the line it starts on, and the modules' ``tl.constexpr`` globals.
     Triton puts a kernel's starting line into its key, so an edit above a kernel (one more line in
     the module's docstring) changes the key of every kernel below it, and a carried cache built
     before the edit holds none of them. Independent of the Triton version (the build's Triton
-    and this machine's may differ). Equal digests: the archive was built from this kernel code."""
+    and this machine's may differ). Equal hashes: the archive was built from this kernel code."""
     import importlib
     import inspect
 
@@ -357,7 +357,7 @@ def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None =
     t0 = time.monotonic()
     parts = _compile_calls(quick)
     manifest = {"benchmark": "warm_cache", "arch": f"sm_{ARCH}", "fingerprint": fingerprint(),
-                "kernel_digest": kernel_digest(),
+                "kernel_code_hash": kernel_code_hash(),
                 "kernels": entries(directory), "parts": parts, "quick": quick,
                 "build_dir": "<temporary>", "compile_s": round(time.monotonic() - t0, 1),
                 "env": host_overhead.run_env(),
@@ -420,7 +420,7 @@ def install(archive: Path, directory: Path | None = None) -> dict:
               "kernel_code_matches": _code_matches(manifest)}
     print("warm Triton cache:", json.dumps(report), flush=True)
     if report["kernel_code_matches"] is False:
-        print("warm Triton cache: built from other kernel code (kernel_digest differs): its "
+        print("warm Triton cache: built from other kernel code (kernel_code_hash differs): its "
               "kernels will be compiled again; rebuild it with warm_cache.py build",
               file=sys.stderr, flush=True)
     return report
@@ -429,17 +429,17 @@ def install(archive: Path, directory: Path | None = None) -> dict:
 def _code_matches(manifest: dict) -> bool | None:
     """Whether ``manifest``'s archive was built from this checkout's kernel code (None: the
     manifest does not say)."""
-    built = manifest.get("kernel_digest")
-    return None if built is None else built == kernel_digest()
+    built = manifest.get("kernel_code_hash")
+    return None if built is None else built == kernel_code_hash()
 
 
 def check(archive: Path) -> dict:
     """Whether ``archive`` holds the kernels of this checkout's code (before carrying it to a GPU):
-    its manifest's ``kernel_digest`` against this code's; exit status 1 where it does not."""
+    its manifest's ``kernel_code_hash`` against this code's; exit status 1 where it does not."""
     with tarfile.open(archive, "r:xz") as tar:
         manifest = json.load(tar.extractfile("manifest.json"))
     report = {"archive": str(archive.name), "built_at": manifest.get("env", {}).get("git_commit"),
-              "kernel_digest": manifest.get("kernel_digest"), "here": kernel_digest(),
+              "kernel_code_hash": manifest.get("kernel_code_hash"), "here": kernel_code_hash(),
               "kernel_code_matches": _code_matches(manifest)}
     print(json.dumps(report))
     return report

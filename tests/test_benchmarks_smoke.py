@@ -276,11 +276,11 @@ def test_warm_triton_cache_is_found_by_another_process(tmp_path):
         "compiled"] == 3
 
 
-DIGEST_PROBE = """
+HASH_PROBE = """
 import sys
 sys.path.insert(0, "benchmarks")
 import warm_cache
-print(warm_cache.kernel_digest(modules=[sys.argv[1]]))
+print(warm_cache.kernel_code_hash(modules=[sys.argv[1]]))
 """
 
 KERNEL_MODULE = """import triton
@@ -296,32 +296,32 @@ def _double(X, N: tl.constexpr):
 
 
 @pytest.mark.parametrize("interpret", ["0", "1"])
-def test_the_kernel_digest_follows_what_tritons_cache_keys_take(tmp_path, interpret):
-    """``warm_cache.kernel_digest``: the carried cache holds the kernels of the code it was built
-    from, and Triton's key has each kernel's starting line in it. The digest is the same for the
+def test_the_kernel_code_hash_follows_what_tritons_cache_keys_take(tmp_path, interpret):
+    """``warm_cache.kernel_code_hash``: the carried cache holds the kernels of the code it was
+    built from, and Triton's key has each kernel's starting line in it. The hash is the same for the
     same module, and changes with one more line above a kernel (failing input, shown once: the
-    docstring edits of commit 4909ed7 changed the key of every kernel, and the digest of the
+    docstring edits of commit 4909ed7 changed the key of every kernel, and the hash of the
     kernel modules from 0c53690e266a1b99 to 66dd38139bb29816), and with a constexpr global's
     value; compiled or under the interpreter."""
     pytest.importorskip("triton")
 
-    def digest(text):
+    def code_hash(text):
         (tmp_path / "kmod.py").write_text(text)
-        r = subprocess.run([sys.executable, "-c", DIGEST_PROBE, "kmod"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-c", HASH_PROBE, "kmod"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300,
                            env={**os.environ, "TRITON_INTERPRET": interpret,
                                 "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout.strip().splitlines()[-1]
-    first = digest(KERNEL_MODULE)
-    assert digest(KERNEL_MODULE) == first
-    assert digest('"""One line more above the kernel."""\n' + KERNEL_MODULE) != first
-    assert digest(KERNEL_MODULE.replace("tl.constexpr(2.0)", "tl.constexpr(3.0)")) != first
+    first = code_hash(KERNEL_MODULE)
+    assert code_hash(KERNEL_MODULE) == first
+    assert code_hash('"""One line more above the kernel."""\n' + KERNEL_MODULE) != first
+    assert code_hash(KERNEL_MODULE.replace("tl.constexpr(2.0)", "tl.constexpr(3.0)")) != first
 
 
 def test_the_committed_warm_cache_was_built_from_this_kernel_code():
     """The manifest of the Triton cache carried to the GPU (``results/warm_cache_sm90.json``)
-    names the kernel code it was built from (``kernel_digest``). A change to the kernel modules,
+    names the kernel code it was built from (``kernel_code_hash``). A change to the kernel modules,
     even a line more in a docstring above the kernels, makes its kernels unfindable, and the
     next GPU session would compile them in device minutes. So the change must come with a
     rebuild (``python benchmarks/warm_cache.py build``, about 10 minutes on this CPU; its
@@ -329,11 +329,11 @@ def test_the_committed_warm_cache_was_built_from_this_kernel_code():
     pytest.importorskip("triton")
     manifest = json.loads((ROOT / "benchmarks" / "results" / "warm_cache_sm90.json").read_text())
     r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); "
-                        "import warm_cache; print(warm_cache.kernel_digest())"], cwd=ROOT,
+                        "import warm_cache; print(warm_cache.kernel_code_hash())"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == manifest["kernel_digest"], (
+    assert r.stdout.strip().splitlines()[-1] == manifest["kernel_code_hash"], (
         "the kernel modules changed since the carried Triton cache was built (at "
         f"{manifest['env']['git_commit'][:7]}): rebuild it with benchmarks/warm_cache.py build")
 
