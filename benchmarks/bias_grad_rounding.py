@@ -43,7 +43,7 @@ from cemlib.kernels import reference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from outputs import RESULTS, add_output_arguments, announce, write_json  # noqa: E402
+from outputs import RESULTS, add_output_arguments, announce, command_line, write_json  # noqa: E402
 
 #: The GPU correctness stage's attention shapes (B, K, L, D), ALiBi and both biases, and (with the
 #: extra pair) the shape of its every-configuration check.
@@ -183,12 +183,8 @@ def main(argv=None):
             + (f", fails {v['criterion_failures']}/{r['gradients']}"
                if "criterion_failures" in v else "")
             for k, v in r.items() if isinstance(v, dict)), flush=True)
-    command = "python benchmarks/bias_grad_rounding.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    if args.out is not None:  # the recorded command leaves a machine's path out
-        command = command.replace(args.out, "<file>")
     out = {"benchmark": "bias_grad_rounding", "env": common.environment(torch.device("cpu")),
-           "command": command,
+           "command": command_line(__file__, argv),
            "what": "errors of the self/cross-bias gradients against float64 in units of bf16 "
                    "roundoff (2^-8, relative to the largest exact value), bf16 inputs; the "
                    "kernels' formulas emulated in float64; criterion_failures: error > 2 x the "

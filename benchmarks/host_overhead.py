@@ -94,7 +94,7 @@ from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 from cemlib.train.results import environment_info, git_commit  # noqa: E402
 from compile_kernels import _TargetDriver  # noqa: E402
 from common import device_slug  # noqa: E402
-from outputs import RESULTS, announce, write_json  # noqa: E402
+from outputs import RESULTS, announce, command_line, write_json  # noqa: E402,F401
 
 METHODS = ("sdpa_untied", "cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
 PARALLEL_COMPILE = v2.PARALLEL_COMPILE
@@ -384,14 +384,6 @@ def run_env(**extra) -> dict:
                 triton=triton.__version__, cpu=environment_info(torch.device("cpu"))[0]["name"],
                 **extra, git_commit=git_commit(),
                 date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-
-
-def command_line(script: str, argv=None) -> str:
-    """The command that reproduces a run of ``script`` (a file in ``benchmarks/``), with the
-    path after ``--out`` shown as ``<file>`` (a machine's path stays out of the results)."""
-    args = list(argv if argv is not None else sys.argv[1:])
-    args = ["<file>" if i and args[i - 1] == "--out" else a for i, a in enumerate(args)]
-    return " ".join([f"python benchmarks/{os.path.basename(script)}", *args])
 
 
 #: the batch of the calls timed on a GPU's host: 2, not the CPU run's 1, because Triton

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
-__all__ = ["RESULTS", "add_output_arguments", "output_path", "write_json", "announce"]
+__all__ = ["RESULTS", "add_output_arguments", "output_path", "write_json", "announce",
+           "command_line"]
 
 #: the folder of the stored benchmark results (next to this file, wherever it is run from)
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,6 +74,15 @@ def announce(default: str | Path, out: str | Path | None = None, replace: bool =
     else:
         what = "replacing the stored file" if Path(default).exists() else "the default file, none stored yet"
     print(f"results will be written to {_shown(path)} ({what})", flush=True)
+
+
+def command_line(script: str, argv=None) -> str:
+    """The command that reproduces a run of ``script`` (a file in ``benchmarks/``; ``argv``:
+    its arguments, default this process's), with the path after ``--out`` shown as ``<file>``
+    (a machine's path stays out of the results)."""
+    args = list(argv if argv is not None else sys.argv[1:])
+    args = ["<file>" if i and args[i - 1] == "--out" else a for i, a in enumerate(args)]
+    return " ".join([f"python benchmarks/{os.path.basename(script)}", *args])
 
 
 def _shown(path: Path) -> str:

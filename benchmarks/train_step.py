@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from cemlib.models.lm import LanguageModel, LMConfig
 from cemlib.models.params import flops_per_token
-from cemlib.train.config import OptimConfig
+from cemlib.train.config import OptimConfig, uses_cuda_graphs
 from cemlib.train.flops import measure_peak_flops, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
@@ -146,8 +146,7 @@ def bench_one(cfg: LMConfig, batch: int, device: torch.device, bf16: bool, compi
         from torch._dynamo.utils import counters
         counters.clear()
     step_model = torch.compile(model, mode=compile_mode) if compile_ else model
-    graphs = compile_ and compile_mode is not None and bool(
-        torch._inductor.list_mode_options(compile_mode).get("triton.cudagraphs"))
+    graphs = compile_ and uses_cuda_graphs(compile_mode or "default")
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
     ctx = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)

@@ -476,7 +476,6 @@ def main(argv=None):
     if args.command == "install":
         return install(args.archive)
     if args.command == "check":
-        sys.path.insert(0, str(HERE.parent))
         report = check(args.archive)
         sys.exit(0 if report["kernel_code_matches"] else 1)
     sys.path.insert(0, str(HERE))

@@ -276,12 +276,18 @@ def test_warm_triton_cache_is_found_by_another_process(tmp_path):
         "compiled"] == 3
 
 
-HASH_PROBE = """
-import sys
-sys.path.insert(0, "benchmarks")
-import warm_cache
-print(warm_cache.kernel_code_hash(modules=[sys.argv[1]]))
-"""
+def _kernel_code_hash(*modules, interpret="0", path=()):
+    """``warm_cache.kernel_code_hash`` of ``modules`` (default: the kernel modules), computed in a
+    fresh process (with ``TRITON_INTERPRET=interpret``; ``path``: more import folders)."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import warm_cache; "
+            "print(warm_cache.kernel_code_hash(*([sys.argv[1:]] if sys.argv[1:] else [])))")
+    r = subprocess.run([sys.executable, "-c", code, *modules], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300,
+                       env={**os.environ, "TRITON_INTERPRET": interpret,
+                            "PYTHONPATH": os.pathsep.join([*map(str, path), str(ROOT)])})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
+
 
 KERNEL_MODULE = """import triton
 import triton.language as tl
@@ -307,12 +313,7 @@ def test_the_kernel_code_hash_follows_what_tritons_cache_keys_take(tmp_path, int
 
     def code_hash(text):
         (tmp_path / "kmod.py").write_text(text)
-        r = subprocess.run([sys.executable, "-c", HASH_PROBE, "kmod"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "TRITON_INTERPRET": interpret,
-                                "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
-        assert r.returncode == 0, r.stderr[-2000:]
-        return r.stdout.strip().splitlines()[-1]
+        return _kernel_code_hash("kmod", interpret=interpret, path=[tmp_path])
     first = code_hash(KERNEL_MODULE)
     assert code_hash(KERNEL_MODULE) == first
     assert code_hash('"""One line more above the kernel."""\n' + KERNEL_MODULE) != first
@@ -328,12 +329,7 @@ def test_the_committed_warm_cache_was_built_from_this_kernel_code():
     docstring says with which Triton), or keep every kernel's line."""
     pytest.importorskip("triton")
     manifest = json.loads((ROOT / "benchmarks" / "results" / "warm_cache_sm90.json").read_text())
-    r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); "
-                        "import warm_cache; print(warm_cache.kernel_code_hash())"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)})
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == manifest["kernel_code_hash"], (
+    assert _kernel_code_hash() == manifest["kernel_code_hash"], (
         "the kernel modules changed since the carried Triton cache was built (at "
         f"{manifest['env']['git_commit'][:7]}): rebuild it with benchmarks/warm_cache.py build")
 

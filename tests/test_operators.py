@@ -62,11 +62,9 @@ def _tensors(x):
 
 
 def _shares_memory(a, b) -> bool:
-    """Whether two tensors overlap in memory (empty tensors own none)."""
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != \
-            b.untyped_storage().data_ptr():
-        return False
-    return True
+    """Whether two tensors share their memory (empty tensors own none)."""
+    return bool(a.numel() and b.numel()) and \
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("case", range(3))
