@@ -24,7 +24,7 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     the default layer's call through v1 and v2, at T = 512...4096 (B = 8, H = 12, d = 64, bf16,
     causal), forward and forward+backward, with the time ratios.
 ``profile`` (60)
-    ``torch.profiler`` of forward+backward at T = 512 and 1024: GPU kernel time against wall
+    ``torch.profiler`` of forward+backward at T = 512...4096: GPU kernel time against wall
     time, kernels and launch calls per call, the longest kernels; and the same call replayed from
     a CUDA graph (no host work per call), with the CEM v2 / SDPA ratios of the three times. Then
     where the host time goes on this GPU's host (``host``: ``host_overhead.py``'s rows with the
@@ -118,7 +118,7 @@ SETTINGS = {
         check_attention=[(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)],
         check_diag=[(2, 4, 200, 64)], check_mlp=[(37, 96, 200), (512, 768, 2048)],
         check_every_config=(2, 4, 200, 64), every_config_limit=None,
-        profile_Ts=[512, 1024], profile_iters=10,
+        profile_Ts=[512, 1024, 2048, 4096], profile_iters=10,
         sweep_n=8192 * 3072, sweep_blocks=(512, 1024, 2048, 4096), sweep_warps=(1, 2, 4, 8),
         sweep_rep=25,
         mlp=dict(N=bench_mlp.GPU_N, widths=bench_mlp.GPU_WIDTHS),

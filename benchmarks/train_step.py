@@ -59,8 +59,8 @@ def _graph_breaks() -> tuple[int, list]:
 #: kernel families of a training step's GPU time, by kernel name (first match)
 KERNEL_FAMILIES = (
     ("cemlib attention (Triton)", ("_fwd_kernel", "_bwd_kernel", "_pre_kernel", "_headsum_kernel",
-                                   "_extra_grads_kernel", "_bwd_dkv_kernel", "_bwd_dq_kernel",
-                                   "_rowdot_kernel")),
+                                   "_extra_grads_kernel", "_fold_kernel", "_bwd_dkv_kernel",
+                                   "_bwd_dq_kernel", "_rowdot_kernel")),
     ("cemlib MLP (Triton)", ("_gate_kernel", "_silu_gate_bwd_kernel", "_dplr_kernel")),
     ("attention (SDPA, cuDNN / flash)", ("flash", "fmha", "sdpa", "cudnn")),
     ("matrix products (cuBLAS)", ("gemm", "sm90_xmma", "cutlass", "nvjet", "ampere_", "sm80_xmma")),

@@ -39,7 +39,10 @@ def test_direct_launches_equal_tritons_own():
     assert out["supported"], "the installed Triton no longer launches the way direct_launch copies"
     for name, s in out["scenarios"].items():
         assert s["same"], (name, s["first_difference"])
-        assert s["launches"] == (6 if "default" in name else 3), (name, s)
+        # the plain calls' bias gradients are folded by a launch of their own (not with atomic
+        # dq); the default layer's call (no biases here) has none
+        expected = 6 if "default" in name else 3 if "atomic" in name else 4
+        assert s["launches"] == expected, (name, s)
     assert len(out["scenarios"]) == 10
     assert out["misaligned_q_uses_other_forward_kernel"]
     assert out["hooked_launches_get_metadata"]

@@ -127,6 +127,44 @@ def test_v2_learned_alibi_slopes():
         assert rel_err(got_g["q"], ref_g["q"]) <= 1e-5
 
 
+@pytest.mark.parametrize("De", [0, 12])
+def test_bias_gradients_take_delta_from_the_probabilities_not_the_stored_output(De):
+    """``dS_ii = P_ii (dP_ii - Delta_i)``: the self/cross bias gradients sum it over every row and
+    batch, so an error in ``Delta_i = o_i.do_i - dlse_i`` from the output *as stored* (bf16 on a
+    GPU) adds up in them (``benchmarks/bias_grad_rounding.py``: 2 of 32 bf16 bias gradients of
+    the GPU test's shared-diagonal call fail the FlashAttention criterion that way, none with an
+    exact ``Delta``). The ``dq`` walk therefore takes ``Delta_i = sum_j P_ij dP_ij - dlse_i``
+    from the probabilities it computes, and the bias gradients do not depend on ``o`` at all,
+    while ``dq`` and ``d kv`` keep FlashAttention-2's ``Delta`` from ``o`` (one row each).
+    Failing input: the preprocess kernel's ``Delta``, which the atomic-dq backward (no walk)
+    still uses: a perturbed ``o`` moves its bias gradients."""
+    inp = {n: t.float() for n, t in make_inputs(2, 3, 45, 16, De=De, seed=7).items()}
+    q, kv, qe, ke = inp["q"], inp["kv"], inp.get("q_extra"), inp.get("k_extra")
+    args = (q, kv, 0.3, inp["alibi"], inp["self_bias"], inp["cross_bias"], qe, ke)
+    o, lse, _, e2, a = v2.forward(*args, extra_values=De > 0)
+    g = torch.Generator().manual_seed(8)
+    do, dlse = torch.randn(o.shape, generator=g), torch.randn(lse.shape, generator=g)
+    doe = torch.randn(2, 45, De, generator=g) if De else None
+    bad = o + 1e-2 * torch.randn(o.shape, generator=g)
+    needs = (True, True, False, True, True, De > 0, De > 0)
+
+    def grads(o, atomic):
+        return v2.backward(do, dlse, doe, *args[:2], o, lse, *args[2:], e2, a, needs,
+                           atomic_dq=atomic)
+    walk, walk_bad = grads(o, False), grads(bad, False)
+    assert torch.equal(walk[3], walk_bad[3]) and torch.equal(walk[4], walk_bad[4])
+    assert not torch.equal(walk[0], walk_bad[0])  # dq: Delta from o, as FlashAttention-2
+    atomic, atomic_bad = grads(o, True), grads(bad, True)
+    assert (atomic[3] - atomic_bad[3]).abs().max() > 1e-4
+    exact = {n: t.double().requires_grad_(n != "alibi") for n, t in inp.items()}
+    ex = dict(exact)
+    outs = reference.tied_attention(ex.pop("q"), ex.pop("kv"), scale=0.3, extra_values=De > 0,
+                                    extra_head_sum=De > 0, **ex)
+    torch.autograd.backward(outs, [c.double() for c in (do, dlse, doe) if c is not None])
+    for i, name in ((3, "self_bias"), (4, "cross_bias")):
+        assert rel_err(walk[i], exact[name].grad) <= 1e-5, name
+
+
 ATOMIC_CASES = [CASES[i] for i in (1, 2, 3, 4, 5, 7)]
 
 
@@ -592,9 +630,10 @@ def _default_layer_call(B=1, K=2, L=13, D=8, De=24, dtype=torch.float32):
 
 def test_launches_per_forward_backward():
     """One CEM attention call, forward and backward: at most 5 launches without the extra pair
-    (here 3: the forward, the preprocess, the backward) and at most 10 for the default CEM
-    layer's call (shared diagonal of width D_h with head-summed values); the Triton launches and
-    the PyTorch operators that would launch kernels on a GPU are both counted."""
+    (here 4: the forward, the preprocess, the backward, the fold of the bias gradients; 3 with
+    atomic dq, whose backward folds them itself) and at most 10 for the default CEM layer's call
+    (shared diagonal of width D_h with head-summed values); the Triton launches and the PyTorch
+    operators that would launch kernels on a GPU are both counted."""
     leaves, (do, doe) = _default_layer_call()
     plain = {n: t for n, t in leaves.items() if n not in ("q_extra", "k_extra")}
     dispatch.set_backend("triton")  # what "auto" does on CUDA
@@ -604,7 +643,16 @@ def test_launches_per_forward_backward():
                                          cross_bias=plain["cross_bias"])
         o.backward(do)
     assert n_plain.total <= 5, str(n_plain)
-    assert dict(n_plain.triton) == {"_fwd_kernel": 1, "_pre_kernel": 1, "_bwd_kernel": 1}
+    assert dict(n_plain.triton) == {"_fwd_kernel": 1, "_pre_kernel": 1, "_bwd_kernel": 1,
+                                    "_fold_kernel": 1}
+    for t in leaves.values():
+        t.grad = None
+    with count_launches() as n_atomic, v2.use_atomic_dq():
+        o, lse = dispatch.tied_attention(plain["q"], plain["kv"], scale=0.5, alibi=plain["alibi"],
+                                         self_bias=plain["self_bias"],
+                                         cross_bias=plain["cross_bias"])
+        o.backward(do)
+    assert dict(n_atomic.triton) == {"_fwd_kernel": 1, "_pre_kernel": 1, "_bwd_kernel": 1}
     for t in leaves.values():
         t.grad = None
     a = dict(leaves)

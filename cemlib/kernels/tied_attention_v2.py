@@ -29,14 +29,23 @@ move out of the loops does.
   key block ``n`` (``d kv``, looping over query blocks) and query block ``n`` (``dq``, looping
   over key blocks); under causality every program does the same work. A small preprocess kernel
   before it computes ``Delta_i = o_i.do_i - dlse_i`` (``dS = P (dP - Delta)``), scaled by
-  ``1/tau``, and the diagonal score gradient ``dS_ii`` per row, from which the self and cross bias
-  gradients follow (``sum_j dS_ij = dlse_i``: the cross gradient is ``sum dlse - sum dS_ii``);
-  program 0 of each head of the main kernel folds these rows into the two gradients, in a fixed
-  order (deterministic, no atomics, no extra launch). Optionally (``atomic_dq``, off by default:
-  :func:`atomic_dq_enabled`) the ``dq`` walk is skipped and the ``d kv`` walk adds each tile's
-  share of ``dq`` to a float32 buffer with atomic adds, as FlashAttention-2 does: 5 matrix
-  products per score element instead of 7 and one exponential pass instead of two, at the price
-  of a ``dq`` whose rounding depends on the order of the adds.
+  ``1/tau``, from the output as stored (FlashAttention-2's choice: in bf16 on a GPU).
+- **Bias gradients from the probabilities.** The self and cross bias gradients follow from the
+  diagonal score gradients ``dS_ii = P_ii (dP_ii - Delta_i)`` (``sum_j dS_ij = dlse_i``: the
+  cross gradient is ``sum dlse - sum dS_ii``). They sum one term per row and batch, so the
+  rounding of the stored ``o`` in ``Delta_i`` adds up in them (``benchmarks/NOTES.md``, step 26);
+  the ``dq`` walk, which computes every ``P_ij`` and ``dP_ij`` of its rows anyway, sums
+  ``Delta_i = sum_j P_ij dP_ij - dlse_i`` in float32 as it goes (one multiply-add per element),
+  takes ``P_ii`` and ``dP_ii`` on the band, and writes ``dS_ii``; after it the rows of each head
+  are folded in a fixed order (deterministic, no atomics) by a small kernel of their own, or, in
+  the default layer's call, by the launch of the extra pair's gradients that follows anyway.
+  ``dq`` and ``d kv`` keep the preprocess kernel's ``Delta`` (one row each, as
+  FlashAttention-2). Optionally (``atomic_dq``, off by default: :func:`atomic_dq_enabled`) the
+  ``dq`` walk is skipped and the ``d kv`` walk adds each tile's share of ``dq`` to a float32
+  buffer with atomic adds, as FlashAttention-2 does: 5 matrix products per score element instead
+  of 7 and one exponential pass instead of two, at the price of a ``dq`` whose rounding depends
+  on the order of the adds; there the preprocess kernel computes ``dS_ii`` from its ``Delta``
+  and program 0 of each head of the backward kernel folds them (no launch more).
 - No ALiBi-slope gradient unless the slopes require grad (every cemlib layer keeps them in a
   buffer); when they do, the ``dq`` loop adds ``sum_j dS_ij (i - j)`` per row.
 - Autotuned on the GPU over tiles, warps and stages (:data:`GPU_CONFIGS`, every entry compiles
@@ -55,8 +64,9 @@ skipping the zero triangle of ``G`` and ``A``. ``E`` and ``A`` are kept for the 
 
 Inputs may be strided views (the layers' head split ``(B, L, K, D) -> (B, K, L, D)``) as long as
 the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out like ``q``, so that
-the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair, 9 with
-the default CEM layer's shared diagonal (``tests/test_kernels_v2.py`` counts them).
+the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair (4 with
+self or cross bias gradients: the fold), 9 with the default CEM layer's shared diagonal
+(``tests/test_kernels_v2.py`` counts them).
 
 Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher validates them
 and calls it on CUDA for fp16/bf16, and for any dtype with the ``"triton"`` backend). In eager mode
@@ -420,13 +430,17 @@ def _dkv_step(dkv, kv, keyterm, ramp_m, Qb, DOb, DQAb, eb, dpb, R, DELTA, prow0,
 
 
 @triton.jit
-def _dq_step(dq, sd, q, do, r, dlt, ramp, KVb, eb, dpb, start, start_n, offs_m, offs_d, sl, L,
-             c, scale, slope2, diag2, BAND: tl.constexpr, D: tl.constexpr,
+def _dq_step(dq, sd, rs, pii, dpii, q, do, r, dlt, ramp, KVb, eb, dpb, start, start_n, offs_m,
+             offs_d, sl, L, c, scale, slope2, diag2, BAND: tl.constexpr, D: tl.constexpr,
              HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DIAG: tl.constexpr,
-             HAS_DPB: tl.constexpr, SLOPE_GRAD: tl.constexpr, ACC: tl.constexpr,
-             PREC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+             HAS_DPB: tl.constexpr, SLOPE_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+             ACC: tl.constexpr, PREC: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr):
     """One key tile of ``dq = (scale dS) kv`` for a fixed query block; ``kv`` serves as the key
-    of ``q kv^T``, the value of ``do kv^T`` and the right factor of ``dq``."""
+    of ``q kv^T``, the value of ``do kv^T`` and the right factor of ``dq``. With ``BIAS_GRAD``
+    also the row sums ``rs_i += sum_j P_ij dP_ij`` (``Delta_i + dlse_i`` in float32 from the
+    probabilities themselves, not from the output as stored) and, on the band, the diagonal
+    ``P_ii`` and ``dP_ii``."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kv = _load_rows(KVb, offs_n, offs_n < L, offs_d, sl, D, BLOCK_D, BAND)
     s = tl.dot(q, tl.trans(kv), out_dtype=ACC, input_precision=PREC)
@@ -442,7 +456,13 @@ def _dq_step(dq, sd, q, do, r, dlt, ramp, KVb, eb, dpb, start, start_n, offs_m, 
     dq = tl.dot(ds.to(kv.dtype), kv, dq, out_dtype=ACC, input_precision=PREC)
     if SLOPE_GRAD:
         sd += tl.sum(ds * (offs_m[:, None] - offs_n[None, :]).to(ACC), 1)
-    return dq, sd
+    if BIAS_GRAD:
+        rs += tl.sum(p * dp, 1)
+        if BAND:
+            on = offs_m[:, None] == offs_n[None, :]
+            pii += tl.sum(tl.where(on, p, 0.0), 1)
+            dpii += tl.sum(tl.where(on, dp, 0.0), 1)
+    return dq, sd, rs, pii, dpii
 
 
 @triton.jit
@@ -458,8 +478,10 @@ def _bwd_kernel(Q, KV, DO, DQ, DQA, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DS
     ``BLOCK_M1``), then ``dq`` of query block n (key tiles of ``BLOCK_N2``); both blocks are
     ``BLOCK_N1`` long. With ``ATOMIC_DQ`` (never with ``SLOPE_GRAD``) there is no ``dq`` walk:
     the ``d kv`` walk adds each tile's share of ``dq`` to ``DQA`` (zeroed by the preprocess
-    kernel). Program 0 of head k also folds the rows of ``DSII`` into the self and cross bias
-    gradients of head k."""
+    kernel), and program 0 of head k folds the preprocess kernel's rows ``DSII`` into the self
+    and cross bias gradients of head k. Otherwise the ``dq`` walk writes ``DSII_i = dS_ii`` of
+    its rows with ``Delta_i`` from its own row sums (:func:`_dq_step`), and
+    :func:`_fold_kernel` folds them after this launch."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -474,6 +496,7 @@ def _bwd_kernel(Q, KV, DO, DQ, DQA, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DS
     slope2, diag2, cross2 = _head_params(SLOPE, SELF, CROSS, k, HAS_ALIBI, HAS_SELF, HAS_CROSS,
                                          ACC)
     HAS_DIAG: tl.constexpr = HAS_SELF or HAS_CROSS
+    BIAS_GRAD: tl.constexpr = SELF_GRAD or CROSS_GRAD
 
     # d kv of keys [start, start + BLOCK_N1): query tiles from the diagonal down
     offs_n = start + tl.arange(0, BLOCK_N1)
@@ -508,38 +531,67 @@ def _bwd_kernel(Q, KV, DO, DQ, DQA, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DS
         ramp = _alibi_ramp(slope2, BLOCK_N2, HAS_ALIBI)
         dq = tl.zeros([BLOCK_N1, BLOCK_D], ACC)
         sd = tl.zeros([BLOCK_N1], ACC)
+        rs = tl.zeros([BLOCK_N1], ACC)
+        pii = tl.zeros([BLOCK_N1], ACC)
+        dpii = tl.zeros([BLOCK_N1], ACC)
         band = start // BLOCK_N2 * BLOCK_N2
         for start_n in range(0, band, BLOCK_N2):
-            dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
-                              offs_m, offs_d, sl, L, c, scale, slope2, diag2, False, D,
-                              HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC,
-                              BLOCK_N2, BLOCK_D)
+            dq, sd, rs, pii, dpii = _dq_step(
+                dq, sd, rs, pii, dpii, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                offs_m, offs_d, sl, L, c, scale, slope2, diag2, False, D, HAS_ALIBI, HAS_BIAS,
+                HAS_DIAG, HAS_DPB, SLOPE_GRAD, BIAS_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
         for start_n in range(band, tl.minimum(start + BLOCK_N1, L), BLOCK_N2):
-            dq, sd = _dq_step(dq, sd, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
-                              offs_m, offs_d, sl, L, c, scale, slope2, diag2, True, D,
-                              HAS_ALIBI, HAS_BIAS, HAS_DIAG, HAS_DPB, SLOPE_GRAD, ACC, PREC,
-                              BLOCK_N2, BLOCK_D)
+            dq, sd, rs, pii, dpii = _dq_step(
+                dq, sd, rs, pii, dpii, q, do, r, dlt, ramp, KV + base, eb, dpb, start, start_n,
+                offs_m, offs_d, sl, L, c, scale, slope2, diag2, True, D, HAS_ALIBI, HAS_BIAS,
+                HAS_DIAG, HAS_DPB, SLOPE_GRAD, BIAS_GRAD, ACC, PREC, BLOCK_N2, BLOCK_D)
         _store_rows(DQ + base, dq, offs_m, row_ok, offs_d, sl, D, BLOCK_D)
         if SLOPE_GRAD:
             tl.store(DSDIST + bh.to(tl.int64) * L + offs_m, sd, mask=row_ok)
+        if BIAS_GRAD:  # dS_ii = P_ii (dP_ii - Delta_i), Delta_i = sum_j P_ij dP_ij - dlse_i
+            rows = bh.to(tl.int64) * L + offs_m
+            if HAS_DLSE:
+                rs -= tl.load(DLSE + rows, mask=row_ok, other=0.0).to(ACC)
+            tl.store(DSII + rows, pii * (dpii - rs), mask=row_ok)
+    else:
+        if BIAS_GRAD:
+            if (pid == 0) & (bh < n_heads):  # fold head k's rows of the preprocess kernel
+                _fold_rows(DSII, DLSE, DSELF, DCROSS, k, n_heads, n_batch, L, HAS_DLSE,
+                           SELF_GRAD, CROSS_GRAD, ACC, BLOCK_N1)
 
-    if SELF_GRAD or CROSS_GRAD:
-        if (pid == 0) & (bh < n_heads):  # fold head k's rows, in a fixed order
-            offs = tl.arange(0, BLOCK_N1)
-            ds_sum = tl.zeros([BLOCK_N1], ACC)
-            dlse_sum = tl.zeros([BLOCK_N1], ACC)
-            for bb in range(0, n_batch):
-                rows = (bb * n_heads + k).to(tl.int64) * L
-                for i0 in range(0, L, BLOCK_N1):
-                    ok = i0 + offs < L
-                    ds_sum += tl.load(DSII + rows + i0 + offs, mask=ok, other=0.0)
-                    if HAS_DLSE:
-                        dlse_sum += tl.load(DLSE + rows + i0 + offs, mask=ok, other=0.0).to(ACC)
-            dself = tl.sum(ds_sum, 0)
-            if SELF_GRAD:
-                tl.store(DSELF + k, dself.to(DSELF.dtype.element_ty))
-            if CROSS_GRAD:  # the rows of dS sum to dlse
-                tl.store(DCROSS + k, (tl.sum(dlse_sum, 0) - dself).to(DCROSS.dtype.element_ty))
+
+@triton.jit
+def _fold_rows(DSII, DLSE, DSELF, DCROSS, k, n_heads, n_batch, L, HAS_DLSE: tl.constexpr,
+               SELF_GRAD: tl.constexpr, CROSS_GRAD: tl.constexpr, ACC: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """The self and cross bias gradients of head k from its rows of ``DSII`` (``dS_ii``) and
+    ``DLSE``, summed in a fixed order (deterministic, no atomics): ``d b_self = sum dS_ii`` and,
+    since the rows of dS sum to dlse, ``d b_cross = sum dlse - d b_self``."""
+    offs = tl.arange(0, BLOCK)
+    ds_sum = tl.zeros([BLOCK], ACC)
+    dlse_sum = tl.zeros([BLOCK], ACC)
+    for bb in range(0, n_batch):
+        rows = (bb * n_heads + k).to(tl.int64) * L
+        for i0 in range(0, L, BLOCK):
+            ok = i0 + offs < L
+            ds_sum += tl.load(DSII + rows + i0 + offs, mask=ok, other=0.0)
+            if HAS_DLSE:
+                dlse_sum += tl.load(DLSE + rows + i0 + offs, mask=ok, other=0.0).to(ACC)
+    dself = tl.sum(ds_sum, 0)
+    if SELF_GRAD:
+        tl.store(DSELF + k, dself.to(DSELF.dtype.element_ty))
+    if CROSS_GRAD:
+        tl.store(DCROSS + k, (tl.sum(dlse_sum, 0) - dself).to(DCROSS.dtype.element_ty))
+
+
+@triton.jit
+def _fold_kernel(DSII, DLSE, DSELF, DCROSS, n_heads, n_batch, L, HAS_DLSE: tl.constexpr,
+                 SELF_GRAD: tl.constexpr, CROSS_GRAD: tl.constexpr, ACC: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """One program per head: :func:`_fold_rows` after the backward kernel's ``dq`` walks have
+    written every row of ``DSII``."""
+    _fold_rows(DSII, DLSE, DSELF, DCROSS, tl.program_id(0), n_heads, n_batch, L, HAS_DLSE,
+               SELF_GRAD, CROSS_GRAD, ACC, BLOCK)
 
 
 # ------------------------------------------------------------------------------------ head sums
@@ -633,12 +685,17 @@ def _headsum_kernel(Q, KV, DO, LSE, R, DELTA, SLOPE, SELF, CROSS, EB, DPB, OUT,
 
 @triton.jit
 def _extra_grads_kernel(G, A, QE, KE, DOE, DQE, DKE, L, DE, sqb, sql, skb, skl, sdb, sdl,
-                        HAS_A: tl.constexpr, ACC: tl.constexpr, PREC: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        DSII, DLSE, DSELF, DCROSS, n_heads, n_batch,
+                        HAS_A: tl.constexpr, FOLD: tl.constexpr, HAS_DLSE: tl.constexpr,
+                        SELF_GRAD: tl.constexpr, CROSS_GRAD: tl.constexpr, ACC: tl.constexpr,
+                        PREC: tl.constexpr, FOLD_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Both gradients of the shared extra pair, in one launch (grid axis 2: batch x 2 jobs),
     skipping the zero triangle of the lower-triangular ``G`` and ``A`` (B, L, L):
     job 0 ``dq_e[i] = sum_{j<=i} G_ij k_e[j]``; job 1 ``dk_e[j] = sum_{i>=j} G_ij q_e[i]
-    + A_ij do_e[i]``. Outputs (B, L, DE) contiguous."""
+    + A_ij do_e[i]``. Outputs (B, L, DE) contiguous. With ``FOLD`` the first programs also fold
+    the bias gradients of one head each (:func:`_fold_rows`), the work of :func:`_fold_kernel`
+    in a launch that follows the backward kernel anyway."""
     start_m = tl.program_id(0) * BLOCK_M
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     b = tl.program_id(2) // 2
@@ -676,6 +733,13 @@ def _extra_grads_kernel(G, A, QE, KE, DOE, DQE, DKE, L, DE, sqb, sql, skb, skl, 
         out = DKE
     tl.store(out + b.to(tl.int64) * L * DE + offs_m[:, None] * DE + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if FOLD:
+        n0 = tl.num_programs(0)
+        n1 = tl.num_programs(1)
+        flat = (tl.program_id(2) * n1 + tl.program_id(1)) * n0 + tl.program_id(0)
+        for k in range(flat, n_heads, n0 * n1 * tl.num_programs(2)):
+            _fold_rows(DSII, DLSE, DSELF, DCROSS, k, n_heads, n_batch, L, HAS_DLSE, SELF_GRAD,
+                       CROSS_GRAD, ACC, FOLD_BLOCK)
 
 
 # ------------------------------------------------------------------------------- configurations
@@ -1255,10 +1319,12 @@ class _Call:
         return out
 
     def backward(self, o, lse, do, dlse, e2, dpb, need_self, need_cross, need_slope,
-                 atomic_dq=None):
-        """``(dq, dkv, dalibi, dself, dcross, rows)``: gradients not needed are ``None``;
+                 atomic_dq=None, fold_later=False):
+        """``(dq, dkv, dalibi, dself, dcross, rows, fold)``: gradients not needed are ``None``;
         ``rows = (R, DELTA)``, the padded row vectors of :func:`_pre_kernel`; ``atomic_dq``:
-        see :func:`tied_attention` (``None``: :func:`atomic_dq_enabled`)."""
+        see :func:`tied_attention` (``None``: :func:`atomic_dq_enabled`). ``fold``: the
+        arguments of the bias-gradient fold (:func:`_fold`) when ``fold_later`` leaves it to a
+        later launch (:func:`_extra_grads`), else ``None``."""
         B, K, L = self.B, self.K, self.L
         Lp = L + ROW_PAD
         dstr = do.stride()[:3]
@@ -1276,8 +1342,8 @@ class _Call:
         self.launch("pre", _pre_kernel, lambda cfg: (_cdiv(Lp, cfg["BLOCK_M"]), B * K),
                     (self.q, self.kv, o, do, lse, dlse_arg, r, delta, dsii, dqa, *common,
                      *self.strides, *dstr, K, L, Lp, self.c, self.scale),
-                    HAS_DLSE=dlse is not None, BIAS_GRAD=bias_grad, HAS_DPB=dpb is not None,
-                    ZERO_DQ=atomic)
+                    HAS_DLSE=dlse is not None, BIAS_GRAD=bias_grad and atomic,
+                    HAS_DPB=dpb is not None, ZERO_DQ=atomic)
         dself = torch.empty_like(self.self_bias) if need_self else r
         dcross = torch.empty_like(self.cross_bias) if need_cross else r
         dsdist = torch.empty((B, K, L), dtype=self.acc, device=self.device) if need_slope else r
@@ -1288,17 +1354,40 @@ class _Call:
                     HAS_DPB=dpb is not None, HAS_DLSE=dlse is not None, SELF_GRAD=need_self,
                     CROSS_GRAD=need_cross, SLOPE_GRAD=need_slope, ATOMIC_DQ=atomic,
                     table="bwd_atomic" if atomic else "bwd")
+        fold = None
+        if bias_grad and not atomic:  # the dq walks wrote every row of dS_ii: fold them
+            fold = (dsii, dlse_arg, dself, dcross, dlse is not None, need_self, need_cross)
+            if not fold_later:
+                _fold(*fold, self.flags["ACC"])
+                fold = None
         if dqa is not dq:
             dq.copy_(dqa)
         dalibi = None
         if need_slope:  # d s_ij / d m = -(i - j); the kernel summed (scale dS_ij)(i - j)
             dalibi = (dsdist.sum((0, 2)) * (-1.0 / self.scale)).to(self.alibi.dtype)
         return (dq, dkv, dalibi, dself if need_self else None, dcross if need_cross else None,
-                (r, delta))
+                (r, delta), fold)
 
 
-def _extra_grads(g, a, q_extra, k_extra, doe):
-    """``(dq_e, dk_e)`` of the shared pair from ``G`` (and ``A``, ``do_e``): one launch."""
+#: rows per step of the bias-gradient fold (:func:`_fold_kernel`; one program per head, 4 warps)
+FOLD_BLOCK = 128
+
+
+def _fold(dsii, dlse, dself, dcross, has_dlse, need_self, need_cross, acc):
+    """Launch :func:`_fold_kernel`: the self and cross bias gradients from the rows ``dsii``
+    (B, K, L) that the backward kernel wrote; ``dself``/``dcross`` are filled."""
+    B, K, L = dsii.shape
+    cuda = dsii.is_cuda and not INTERPRET
+    kw = dict(HAS_DLSE=has_dlse, SELF_GRAD=need_self, CROSS_GRAD=need_cross, ACC=acc,
+              BLOCK=FOLD_BLOCK)
+    if not INTERPRET:
+        kw["num_warps"] = 4
+    direct_launch.launch(_fold_kernel, (K,), (dsii, dlse, dself, dcross, K, B, L), kw, cuda)
+
+
+def _extra_grads(g, a, q_extra, k_extra, doe, fold=None):
+    """``(dq_e, dk_e)`` of the shared pair from ``G`` (and ``A``, ``do_e``): one launch, which
+    also folds the bias gradients (``fold``: the arguments of :func:`_fold`) when given."""
     B, L, DE = q_extra.shape
     q_extra, k_extra = _unit_rows(q_extra), _unit_rows(k_extra)
     dqe = torch.empty((B, L, DE), dtype=q_extra.dtype, device=q_extra.device)
@@ -1306,13 +1395,19 @@ def _extra_grads(g, a, q_extra, k_extra, doe):
     has_a = doe is not None
     doe = _unit_rows(doe) if has_a else k_extra
     acc = _acc_dtype(q_extra.dtype)
+    if fold is None:  # placeholders: FOLD is off
+        rows, n_heads, has_dlse, need_self, need_cross = (g, g, g, g), 0, False, False, False
+    else:
+        dsii, dlse, dself, dcross, has_dlse, need_self, need_cross = fold
+        rows, n_heads = (dsii, dlse, dself, dcross), dsii.shape[1]
     _launch("extra_grads", _extra_grads_kernel,
             lambda cfg: (_cdiv(L, cfg["BLOCK_M"]), _cdiv(DE, cfg["BLOCK_N"]), 2 * B),
             (g, a if has_a else g, q_extra, k_extra, doe, dqe, dke, L, DE,
              q_extra.stride(0), q_extra.stride(1), k_extra.stride(0), k_extra.stride(1),
-             doe.stride(0), doe.stride(1)),
-            dict(HAS_A=has_a, ACC=tl.float64 if acc == torch.float64 else tl.float32,
-                 PREC="ieee" if acc == q_extra.dtype else "tf32"),
+             doe.stride(0), doe.stride(1), *rows, n_heads, B),
+            dict(HAS_A=has_a, FOLD=fold is not None, HAS_DLSE=has_dlse, SELF_GRAD=need_self,
+                 CROSS_GRAD=need_cross, ACC=tl.float64 if acc == torch.float64 else tl.float32,
+                 PREC="ieee" if acc == q_extra.dtype else "tf32", FOLD_BLOCK=FOLD_BLOCK),
             0, q_extra.device, L)
     return dqe, dke
 
@@ -1349,13 +1444,14 @@ def backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, 
     if doe is not None and a is not None:  # o_extra = A k_e: dA = do_e k_e^T reaches every dP_k
         dpb = torch.bmm(doe, k_extra.transpose(1, 2))
     need_slope = bool(needs[2])
-    dq, dkv, dalibi, dself, dcross, rows = run.backward(o, lse, do, dlse, e2, dpb,
-                                                         bool(needs[3]), bool(needs[4]),
-                                                         need_slope, atomic_dq)
+    extra_grads = q_extra is not None and bool(needs[5] or needs[6])
+    dq, dkv, dalibi, dself, dcross, rows, fold = run.backward(
+        o, lse, do, dlse, e2, dpb, bool(needs[3]), bool(needs[4]), need_slope, atomic_dq,
+        fold_later=extra_grads)
     dqe = dke = None
-    if q_extra is not None and (needs[5] or needs[6]):
+    if extra_grads:  # its launch also folds the bias gradients (no launch more for them)
         g = run.head_sum(lse, e2, do, rows, dpb)
-        dqe, dke = _extra_grads(g, a, q_extra, k_extra, doe if dpb is not None else None)
+        dqe, dke = _extra_grads(g, a, q_extra, k_extra, doe if dpb is not None else None, fold)
     return (dq, dkv, dalibi, dself, dcross, dqe if needs[5] else None,
             dke if needs[6] else None)
 
