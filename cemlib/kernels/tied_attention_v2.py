@@ -480,8 +480,8 @@ def _bwd_kernel(Q, KV, DO, DQ, DQA, DKV, R, DELTA, DSII, DLSE, DSELF, DCROSS, DS
     the ``d kv`` walk adds each tile's share of ``dq`` to ``DQA`` (zeroed by the preprocess
     kernel), and program 0 of head k folds the preprocess kernel's rows ``DSII`` into the self
     and cross bias gradients of head k. Otherwise the ``dq`` walk writes ``DSII_i = dS_ii`` of
-    its rows with ``Delta_i`` from its own row sums (:func:`_dq_step`), and
-    :func:`_fold_kernel` folds them after this launch."""
+    its rows with ``Delta_i`` from its own row sums (:func:`_dq_step`), and a later launch folds
+    them (:func:`_fold_kernel`, or :func:`_extra_grads_kernel` in the default layer's call)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
