@@ -288,30 +288,40 @@ def measure(name, path, n, device="cpu", B=1):
     for _ in range(20):
         call()
     full = median_us(call, n, leaves)
-    module, attr = (gm, "_elementwise") if name.startswith("mlp") else (v2, "_launch")
-    launch, recorded = getattr(module, attr), []
+    # every launcher of the call: the MLP's element-wise launches; the attention's autotuned
+    # launches and its fold of the bias gradients (a fixed configuration, launched directly)
+    launchers = [(gm, "_elementwise")] if name.startswith("mlp") else [(v2, "_launch"),
+                                                                       (v2, "_fold")]
+    originals = {attr: getattr(module, attr) for module, attr in launchers}
+    recorded = []
 
-    def record(*args, **kw):
-        recorded.append((args, kw))
-        return launch(*args, **kw)
-    setattr(module, attr, record)
+    def recorder(attr):
+        def record(*args, **kw):
+            recorded.append((attr, args, kw))
+            return originals[attr](*args, **kw)
+        return record
+    for module, attr in launchers:
+        setattr(module, attr, recorder(attr))
     for t in leaves:
         t.grad = None
-    call()
-    setattr(module, attr, lambda *args, **kw: None)
     try:
+        call()
+        for module, attr in launchers:
+            setattr(module, attr, lambda *args, **kw: None)
         without = median_us(call, n, leaves)
     finally:
-        setattr(module, attr, launch)
+        for module, attr in launchers:
+            setattr(module, attr, originals[attr])
 
     def replay():
-        for args, kw in recorded:
-            launch(*args, **kw)
+        for attr, args, kw in recorded:
+            originals[attr](*args, **kw)
     row = dict(method=name, path=path, full_us=round(full, 1),
                without_launches_us=round(without, 1),
                launches_us=round(median_us(replay, n), 1), launches_per_call=len(recorded))
     if path == "cemlib" and name == "cem_v2":
-        row["bwd_launch_layers_us"] = launch_layers(recorded, n)
+        row["bwd_launch_layers_us"] = launch_layers(
+            [(args, kw) for attr, args, kw in recorded if attr == "_launch"], n)
     return row
 
 

@@ -200,7 +200,9 @@ def test_host_overhead_script_runs(tmp_path):
     assert set(rows) == {("cem_v2", "cemlib"), ("cem_v2", "without_direct_launch"),
                          ("cem_v2", "through_autotuner"), ("cem_v2", "operators")}
     for x in rows.values():
-        assert x["launches_per_call"] == 3  # forward, preprocess, backward
+        # forward, preprocess, backward, and the fold of the bias gradients (failing input:
+        # the fold left out of the recorded launchers, 3)
+        assert x["launches_per_call"] == 4
         assert x["full_us"] > 0 and x["without_launches_us"] > 0 and x["launches_us"] > 0
     layers = rows[("cem_v2", "cemlib")]["bwd_launch_layers_us"]
     assert set(layers) >= {"autotuner_and_jit", "cached_choice_and_jit", "cached_choice_and_direct",
