@@ -246,11 +246,12 @@ def test_gpu_correctness_shape_checks_compile_each_kernel_once_per_shape(tmp_pat
 
 
 def test_warm_triton_cache_is_found_by_another_process(tmp_path):
-    """benchmarks/warm_cache.py (quick: one plain call, three kernels): kernels compiled for sm_90
+    """benchmarks/warm_cache.py (quick: one plain call with bias gradients, four kernels: forward,
+    preprocess, backward and the fold of the bias gradients): kernels compiled for sm_90
     into one cache directory, packed (binaries and metadata only), installed into another by a
     second process, are found there by a third, which compiles nothing (the build's directory is
     gone). Failing input, shown once: with the installed file lists left pointing at the build's
-    directory, the third process compiled the 3 kernels again."""
+    directory, the third process compiled the 4 kernels again."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     archive = tmp_path / "warm.tar.xz"
@@ -266,16 +267,16 @@ def test_warm_triton_cache_is_found_by_another_process(tmp_path):
     shutil.rmtree(tmp_path / "build")
     report = json.loads(run("install", str(archive), cache="gpu").split("warm Triton cache: ")[1]
                         .splitlines()[0])
-    assert report["kernels"] == report["installed"] == report["cache_dir_kernels"] == 3
+    assert report["kernels"] == report["installed"] == report["cache_dir_kernels"] == 4
     assert report["matches"] and not report["differs"]  # the same Triton here
     assert report["kernel_code_matches"]  # built from this checkout's kernels
     assert json.loads(run("check", str(archive), cache="gpu"))["kernel_code_matches"]
     assert not list((tmp_path / "gpu").glob("*/*.ttir"))  # binaries and metadata only
     replay = json.loads(run("replay", "--quick", cache="gpu").strip().splitlines()[-1])
     assert replay["compiled"] == 0
-    # and where nothing is installed, the same call compiles its three kernels
+    # and where nothing is installed, the same call compiles its four kernels
     assert json.loads(run("replay", "--quick", cache="empty").strip().splitlines()[-1])[
-        "compiled"] == 3
+        "compiled"] == 4
 
 
 def _kernel_code_hash(*modules, interpret="0", path=()):
@@ -411,7 +412,7 @@ def test_warm_cache_compiles_the_correctness_stages_layer_calls(tmp_path):
     and extra gradients included, and the MLP step's element-wise kernels; the dispatcher is
     restored; the first version's attention kernels and the MLP gate take their GPU tiles.
     Failing inputs: the CPU's dispatch (the layers take the PyTorch path), where only the
-    direct-launch check's three kernels compile; ``gpu_paths`` without the tile choices (the
+    direct-launch check's four kernels compile; ``gpu_paths`` without the tile choices (the
     CPU's tiles, no launch options)."""
     pytest.importorskip("triton")
 
@@ -432,8 +433,9 @@ def test_warm_cache_compiles_the_correctness_stages_layer_calls(tmp_path):
     assert on_gpu["v1_blocks"] == {"num_warps": 4, "num_stages": 2}
     assert on_gpu["gate_blocks"] == {"num_warps": 4, "num_stages": 3}
     assert {"_fwd_kernel", "_pre_kernel", "_bwd_kernel", "_headsum_kernel", "_extra_grads_kernel",
-            "_silu_gate_kernel", "_silu_gate_bwd_kernel"} <= set(on_gpu["names"]), on_gpu["names"]
-    assert probe("cpu-dispatch")["compiled"] == 3 < on_gpu["compiled"]
+            "_fold_kernel", "_silu_gate_kernel", "_silu_gate_bwd_kernel"} <= set(on_gpu["names"]), \
+        on_gpu["names"]
+    assert probe("cpu-dispatch")["compiled"] == 4 < on_gpu["compiled"]
 
 
 def test_warm_cache_covers_the_campaigns_models_with_cem_layers():
