@@ -42,7 +42,7 @@ from triton import knobs  # noqa: E402
 import gpu_kernels  # noqa: E402
 from cemlib.kernels import direct_launch  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
-from outputs import RESULTS, add_output_arguments, announce, write_json  # noqa: E402
+from outputs import RESULTS, add_output_arguments, announce, command_line, write_json  # noqa: E402
 
 
 def count_shape_checks(autotune: bool, settings: str = "gpu") -> dict:
@@ -103,7 +103,7 @@ def main(argv=None):
         rows.append(row)
     payload = dict(
         benchmark="compile_requests", env=host_overhead.run_env(),
-        command=host_overhead.command_line(__file__, argv), settings=args.settings,
+        command=command_line(__file__, argv), settings=args.settings,
         note=("distinct Triton compilations requested for sm_90 (kernel, options, cache key) by "
               "gpu_kernels.py's correctness shape checks, on CPU tensors along cemlib's GPU path; "
               "each request recorded and declined, nothing compiled or launched"),

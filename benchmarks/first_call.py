@@ -90,8 +90,8 @@ def main(argv=None):
     if args.child:
         print(json.dumps(_child(args.child, args.quick)))
         return None
-    from host_overhead import command_line, run_env, v2
-    from outputs import RESULTS, announce, write_json
+    from host_overhead import run_env, v2
+    from outputs import RESULTS, announce, command_line, write_json
     default = RESULTS / "first_call_cpu.json"
     announce(default, args.out, args.replace)
     env = run_env(cpu_count=os.cpu_count())

@@ -94,7 +94,7 @@ from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 from cemlib.train.results import environment_info, git_commit  # noqa: E402
 from compile_kernels import _TargetDriver  # noqa: E402
 from common import device_slug  # noqa: E402
-from outputs import RESULTS, announce, command_line, write_json  # noqa: E402,F401
+from outputs import RESULTS, announce, command_line, write_json  # noqa: E402
 
 METHODS = ("sdpa_untied", "cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
 PARALLEL_COMPILE = v2.PARALLEL_COMPILE

@@ -350,6 +350,7 @@ def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None =
     """Compile (into the empty cache directory this process was started with) and pack; the
     manifest is also written to ``manifest_out`` (the archive itself is not kept in git)."""
     import host_overhead
+    from outputs import command_line, write_json
     directory = cache_dir()
     if entries(directory):
         sys.exit(f"build needs an empty Triton cache; {directory} holds {entries(directory)} kernels")
@@ -361,7 +362,7 @@ def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None =
                 "kernels": entries(directory), "parts": parts, "quick": quick,
                 "build_dir": "<temporary>", "compile_s": round(time.monotonic() - t0, 1),
                 "env": host_overhead.run_env(),
-                "command": host_overhead.command_line(__file__, argv)}
+                "command": command_line(__file__, argv)}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
     with tarfile.open(tmp, "w:xz") as tar:
@@ -376,7 +377,6 @@ def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None =
     manifest["archive_mib"] = round(out.stat().st_size / 2**20, 2)
     print(f"{manifest['kernels']} kernels, {manifest['archive_mib']} MiB -> {out}")
     if manifest_out is not None:
-        from outputs import write_json
         write_json(manifest, manifest_out, manifest_out, replace=True)
     return manifest
 
