@@ -28,12 +28,13 @@ the tied gated-MLP step v2, 16 tokens, D_h = 16, D_v = 64, float32) and per path
   (``CEMLIB_DIRECT_LAUNCH=0``);
 - ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before either
   change;
-- ``operators`` (attention): what a graph compiled with ``torch.compile`` calls, the forward and
-  backward ``torch.library`` operators (``tied_attention_v2._fwd_op``, ``_bwd_op``), without
-  autograd;
-- ``custom_ops`` (the MLP step): its ``torch.library`` custom operators called in eager mode and
-  every launch through Triton's path, as before the step got an ``autograd.Function`` for eager
-  mode (the custom operators now serve ``torch.compile`` only);
+- ``operators``: what a graph compiled with ``torch.compile`` calls, the forward and backward
+  ``torch.library`` operators (attention: ``tied_attention_v2._fwd_op``, ``_bwd_op``; the MLP
+  step: ``gated_mlp_triton._step_fwd``, ``_step_bwd``), without autograd (in a compiled graph
+  AOTAutograd runs the derivative: no autograd layer around either operator);
+- ``custom_ops`` (the MLP step; rows in ``results/host_overhead_cpu.json``, of 03d0078): its
+  forward as a ``torch.library.custom_op`` with its derivative, called in eager mode, and every
+  launch through Triton's path, as before the step got an ``autograd.Function`` for eager mode;
 - ``eager_reference`` (the MLP step): PyTorch's own operators, the eager baseline the step is
   timed against on a GPU (``cemlib.kernels.reference.tied_gated_mlp_step``; no Triton launch).
 
@@ -166,9 +167,9 @@ def median_us(fn, n, reset=()):
 
 def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="cemlib",
             device="cpu"):
-    """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it (the
-    tied MLP step: ``path="custom_ops"`` calls its ``torch.library`` operators, the eager path
-    before this benchmark's changes; ``"eager_reference"`` PyTorch's operators), on ``device``
+    """``(call, leaves)``: one forward+backward of ``name`` as the kernel benchmarks make it
+    (``path="operators"``: the forward and backward operators a compiled graph calls, without
+    autograd; the tied MLP step's ``"eager_reference"``: PyTorch's operators), on ``device``
     (the inputs drawn on the CPU, then moved)."""
     g = torch.Generator().manual_seed(0)
 
@@ -181,8 +182,13 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
         V = randn(64, 16, dtype=mdt)
         gamma = randn(T, 64, dtype=mdt)
         leaves = [t.clone().requires_grad_() for t in (u, V, gamma)]
-        step = {"custom_ops": lambda *xs: gm._step_fwd(*xs)[0],
-                "eager_reference": reference.tied_gated_mlp_step}.get(path, gm.tied_gated_mlp_step)
+        if path == "operators":
+            def call():
+                with torch.no_grad():
+                    _, h = gm._step_fwd(u, V, gamma)
+                    gm._step_bwd(dy, u, V, gamma, h)
+            return call, leaves
+        step = {"eager_reference": reference.tied_gated_mlp_step}.get(path, gm.tied_gated_mlp_step)
 
         def call():
             step(*leaves).backward(dy)
@@ -198,6 +204,16 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
     if name == "cem_diag_v2":
         qe, ke, doe = (0.1 * randn(B, T, De, dtype=dtype) for _ in range(3))
         leaves = [t.clone().requires_grad_() for t in (q, kv, qe, ke)]
+        if path == "operators":  # the default layer's call in a compiled graph
+            needs = [True, True, False, False, False, True, True]
+
+            def call():
+                with torch.no_grad():
+                    o, lse, _, e2, a = v2._fwd_op(q, kv, d ** -0.5, slopes, None, None, qe, ke,
+                                                  True)
+                    v2._bwd_op(do, None, doe, q, kv, o, lse, d ** -0.5, slopes, None, None, qe,
+                               ke, e2, a, needs, -1)
+            return call, leaves
 
         def call():
             o, _, oe = v2.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
@@ -214,7 +230,7 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
         def call():
             with torch.no_grad():
                 o, lse, *_ = v2._fwd_op(q, kv, d ** -0.5, slopes, leaves[2], leaves[3], None,
-                                        None, False, int(atomic))
+                                        None, False)
                 v2._bwd_op(do, None, None, q, kv, o, lse, d ** -0.5, slopes, leaves[2],
                            leaves[3], None, None, None, None, needs, int(atomic))
         return call, leaves
@@ -258,15 +274,13 @@ def floor_us(n, B=1, H=12, T=16, d=64, device="cpu"):
 
 
 PATHS = {"attention": ("cemlib", "without_direct_launch", "through_autotuner", "operators"),
-         "mlp": ("cemlib", "custom_ops", "eager_reference"), "sdpa": ("torch",)}
+         "mlp": ("cemlib", "operators", "eager_reference"), "sdpa": ("torch",)}
 
 
 def paths(name: str) -> tuple:
-    """The paths measured for method ``name`` (``operators``: the plain calls, not the shared
-    diagonal's)."""
-    out = PATHS["mlp" if name.startswith("mlp") else "sdpa" if name.startswith("sdpa")
-                else "attention"]
-    return tuple(p for p in out if p != "operators") if name == "cem_diag_v2" else out
+    """The paths measured for method ``name``."""
+    return PATHS["mlp" if name.startswith("mlp") else "sdpa" if name.startswith("sdpa")
+                 else "attention"]
 
 
 def measure(name, path, n, device="cpu", B=1):

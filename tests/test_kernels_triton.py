@@ -331,9 +331,9 @@ def _graph_nodes(t):
 
 
 def test_gated_mlp_v2_eager_is_one_autograd_function():
-    """In eager mode the v2 step is one ``autograd.Function`` (less host time than its pair of
-    ``torch.library`` custom ops, which serve ``torch.compile``: see the compile test below); its
-    gradients are those of the custom ops."""
+    """In eager mode the v2 step is one ``autograd.Function`` over the launchers (less host time
+    than its pair of ``torch.library`` operators, which serve ``torch.compile``: see the compile
+    test below); its gradients are those of the operators' derivative."""
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(*s, generator=g).to(DEVICE) for s in ((5, 8), (12, 8), (5, 12))]
     leaves = [x.clone().requires_grad_() for x in xs]
@@ -342,18 +342,19 @@ def test_gated_mlp_v2_eager_is_one_autograd_function():
     assert "_TiedMLPStepBackward" in names and not any("tied_mlp_step" in n for n in names), names
     y.square().sum().backward()
     ops_leaves = [x.clone().requires_grad_() for x in xs]
-    gated_mlp_triton._step_fwd(*ops_leaves)[0].square().sum().backward()
+    gated_mlp_triton._CompiledTiedMLPStep.apply(*ops_leaves, "accumulate").square().sum().backward()
     for a, b in zip(leaves, ops_leaves):
         assert torch.equal(a.grad, b.grad)
 
 
-@pytest.mark.parametrize("path", ["eager", "custom_ops"])
+@pytest.mark.parametrize("path", ["eager", "operators"])
 def test_gated_mlp_v2_forms_dV_either_way(path):
     """``dv_products``: the second half of ``dV`` added into the first's buffer (``addmm_``, the
     default) or computed apart and added; both give the float64 reference's gradients (fp32, odd
-    shape), through the eager Function and through the custom operators that serve
-    ``torch.compile``. Failing input, shown once: with ``"separate"`` overwriting ``dV`` instead of
-    adding to it, ``dV`` was off by its whole first half (relative error ~0.7)."""
+    shape), through the eager Function and through the operators that serve ``torch.compile``
+    (with their derivative, the ``autograd.Function`` dynamo traces). Failing input, shown once:
+    with ``"separate"`` overwriting ``dV`` instead of adding to it, ``dV`` was off by its whole
+    first half (relative error ~0.7)."""
     g = torch.Generator().manual_seed(8)
     base = [torch.randn(7, 9, generator=g, dtype=torch.float64),
             torch.randn(20, 9, generator=g, dtype=torch.float64) / 3,
@@ -366,7 +367,7 @@ def test_gated_mlp_v2_forms_dV_either_way(path):
         if path == "eager":
             y = gated_mlp_triton.tied_gated_mlp_step(*xs, dv_products=mode)
         else:
-            y = gated_mlp_triton._step_fwd(*xs, mode)[0]
+            y = gated_mlp_triton._CompiledTiedMLPStep.apply(*xs, mode)
         (y.double() * cot.to(DEVICE)).sum().backward()
         for got, want in zip(xs, exact):
             assert rel_err(got.grad, want.grad) < 1e-5, (mode, path)

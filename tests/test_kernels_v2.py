@@ -374,9 +374,10 @@ def test_dispatch_routes_triton_to_v2_and_v1(monkeypatch):
 
 
 def test_v2_traces_under_torch_compile():
-    """While compiling, v2 runs as two opaque custom ops: no graph break (fullgraph), the same
-    values and gradients as the eager autograd.Function (one call with the atomic-dq backward,
-    whose flag the custom op carries to its backward)."""
+    """While compiling, v2 runs as two opaque operators joined by an autograd.Function that
+    dynamo traces: no graph break (fullgraph), the same values and gradients as the eager
+    autograd.Function (one call with the atomic-dq backward, whose flag the traced function
+    carries to its backward)."""
     plain = make_inputs(1, 2, 11, 8)
     shared = make_inputs(1, 2, 11, 8, De=12, seed=5)
     torch._dynamo.reset()

@@ -1,5 +1,5 @@
 """The operators registered without ``torch.library.custom_op`` (:mod:`cemlib.kernels.operators`):
-the attention v2 backward, the MLP step's backward and its inference.
+the attention v2 forward and backward, the MLP step's forward, backward and inference.
 
 ``custom_op`` checks at every call that no output aliases an input; these operators go without
 that check, so it is made here, once per operator: every output is a new tensor. Also: each
@@ -39,6 +39,18 @@ def _attention_backward_args():
     return (do, None, None, q, kv, o, lse, D ** -0.5, alibi, sb, cb, None, None, e2, a, needs, -1)
 
 
+def _attention_forward_args():
+    """The default layer's call: ALiBi, self/cross biases, the head-shared extra pair with
+    head-summed values (every output of the forward operator is a tensor of its own)."""
+    g = torch.Generator().manual_seed(2)
+    B, K, L, D, De = 2, 2, 13, 16, 12
+    q, kv = (torch.randn(B, K, L, D, generator=g).to(DEVICE, DTYPE) for _ in range(2))
+    qe, ke = (torch.randn(B, L, De, generator=g).to(DEVICE, DTYPE) for _ in range(2))
+    alibi = reference.alibi_slopes(K).to(DEVICE)
+    sb, cb = (torch.randn(K, generator=g).to(DEVICE) for _ in range(2))
+    return (q, kv, D ** -0.5, alibi, sb, cb, qe, ke, True)
+
+
 def _mlp_args():
     g = torch.Generator().manual_seed(1)
     u, dy = (torch.randn(7, 16, generator=g).to(DEVICE, DTYPE) for _ in range(2))
@@ -53,7 +65,9 @@ def _cases():
     bwd = _attention_backward_args()
     mlp_bwd, mlp_infer = _mlp_args()
     return [("tied_attention_v2_bwd", v2._bwd_op, v2._bwd_kernel_op, bwd),
+            ("tied_attention_v2_fwd", v2._fwd_op, v2._fwd_kernel_op, _attention_forward_args()),
             ("tied_mlp_step_bwd", gm._step_bwd, gm._backward, mlp_bwd),
+            ("tied_mlp_step_fwd", gm._step_fwd, gm._forward, mlp_infer),
             ("tied_mlp_step_infer", gm._step_infer, gm._inference, mlp_infer)]
 
 
@@ -67,7 +81,7 @@ def _shares_memory(a, b) -> bool:
         a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("case", range(3))
+@pytest.mark.parametrize("case", range(5))
 def test_operators_return_new_tensors_equal_to_their_kernels(case):
     name, op, kernel, args = _cases()[case]
     assert op.name() == f"cemlib::{name}" and torch.Tag.pt2_compliant_tag in op.tags

@@ -24,8 +24,8 @@ retained graph can be differentiated again and ``torch.compile`` sees no mutatio
 autograd the gate product overwrites ``h``: one (N, D_v) buffer, where eager holds two at a time.
 Element-wise traffic per step, in (N, D_v) passes: 3 forward + 8 backward, against eager's 5 + 9.
 :func:`tied_gated_mlp_step` is the entry point: in eager mode one ``torch.autograd.Function``
-(cheaper on the host than custom operators), compiled as opaque ``torch.library`` operators (backward
-and inference registered directly: :mod:`cemlib.kernels.operators`); the element-wise launches
+(cheaper on the host than custom operators), compiled as opaque ``torch.library`` operators (all
+registered directly: :mod:`cemlib.kernels.operators`, joined by an ``autograd.Function``); launches
 skip Triton's per-call specialization on CUDA (:mod:`cemlib.kernels.direct_launch`).
 
 **v1 (kept for comparison; :func:`cemlib.kernels.ops.tied_gated_mlp_step`).** The forward
@@ -64,9 +64,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch.library import custom_op
 
-from cemlib.kernels import direct_launch, operators
+from cemlib.kernels import direct_launch
+from cemlib.kernels import operators  # the compiled path's operators
 from cemlib.kernels.ops import _on_device  # Triton launches on the current CUDA device
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -364,10 +364,10 @@ def _inference(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
 
 
 class _TiedMLPStep(torch.autograd.Function):
-    """Eager autograd of the step: one ``autograd.Function``, which costs the host less than the
-    pair of ``torch.library`` custom operators (``benchmarks/host_overhead.py``, row ``mlp_v2``:
-    the host time of a forward+backward with either); at small widths (D_h = 768 on the H100)
-    host time is time the GPU waits for."""
+    """Eager autograd of the step: one ``autograd.Function`` over the launchers, which costs the
+    host less than the pair of ``torch.library`` operators a compiled graph calls
+    (``benchmarks/host_overhead.py``, row ``mlp_v2``: the host time of a forward+backward with
+    either); at small widths (D_h = 768 on the H100) host time is time the GPU waits for."""
 
     @staticmethod
     def forward(ctx, u, V, gamma, dv_products):
@@ -382,14 +382,7 @@ class _TiedMLPStep(torch.autograd.Function):
         return *_backward(dy, *ctx.saved_tensors, ctx.dv_products), None
 
 
-@custom_op("cemlib::tied_mlp_step_fwd", mutates_args=())
-def _step_fwd(u: Tensor, V: Tensor, gamma: Tensor,
-              dv_products: str = "accumulate") -> tuple[Tensor, Tensor]:
-    return _forward(u, V, gamma)
-
-
-@_step_fwd.register_fake
-def _(u, V, gamma, dv_products="accumulate"):
+def _step_fwd_fake(u, V, gamma):
     return u.new_empty(u.shape), u.new_empty((u.shape[0], V.shape[0]))
 
 
@@ -397,28 +390,30 @@ def _step_bwd_fake(dy, u, V, gamma, h, dv_products="accumulate"):
     return u.new_empty(u.shape), V.new_empty(V.shape), gamma.new_empty(gamma.shape)
 
 
-# the backward: called only by _step_backward, the compiled forward's derivative (no autograd
-# graph records it), so registered without custom_op's layers (cemlib.kernels.operators)
+# what a compiled graph calls: the forward (y and h = u V^T) and backward operators, registered
+# without custom_op's layers (cemlib.kernels.operators); their derivative is
+# _CompiledTiedMLPStep's, which dynamo traces into the graph
+_step_fwd = operators.define("tied_mlp_step_fwd", "(Tensor u, Tensor V, Tensor gamma) -> "
+                             "(Tensor, Tensor)", _forward, _step_fwd_fake)
 _step_bwd = operators.define(
     "tied_mlp_step_bwd", "(Tensor dy, Tensor u, Tensor V, Tensor gamma, Tensor h, "
     "str dv_products=\"accumulate\") -> (Tensor, Tensor, Tensor)", _backward, _step_bwd_fake)
 
 
-def _step_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3], output[1])  # u, V, gamma and h = u V^T
-    ctx.dv_products = inputs[3]
-    # h is internal: no gradient flows into it, and none is materialised (a zero (N, D_v) tensor)
-    ctx.mark_non_differentiable(output[1])
-    ctx.set_materialize_grads(False)
+class _CompiledTiedMLPStep(torch.autograd.Function):
+    """Entry while ``torch.compile`` traces: :class:`_TiedMLPStep` with forward and backward as
+    the operators above (opaque to the compiler)."""
 
+    @staticmethod
+    def forward(ctx, u, V, gamma, dv_products):
+        y, h = _step_fwd(u, V, gamma)
+        ctx.save_for_backward(u, V, gamma, h)
+        ctx.dv_products = dv_products
+        return y
 
-def _step_backward(ctx, dy, _dh):
-    if dy is None:  # grads are not materialised: y received none (h never leaves this module)
-        return None, None, None, None
-    return (*_step_bwd(dy, *ctx.saved_tensors, ctx.dv_products), None)
-
-
-_step_fwd.register_autograd(_step_backward, setup_context=_step_setup)
+    @staticmethod
+    def backward(ctx, dy):
+        return *_step_bwd(dy, *ctx.saved_tensors, ctx.dv_products), None
 
 
 # inference only (no input requires grad, or grad mode off): no derivative, no custom_op layers
@@ -447,7 +442,8 @@ def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor,
     gamma = gamma.contiguous()
     grad = torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad)
     if torch.compiler.is_compiling():  # opaque custom ops: no graph break, no tracing into Triton
-        y = _step_fwd(u, V, gamma, dv_products)[0] if grad else _step_infer(u, V, gamma)
+        y = (_CompiledTiedMLPStep.apply(u, V, gamma, dv_products) if grad
+             else _step_infer(u, V, gamma))
     else:
         y = _TiedMLPStep.apply(u, V, gamma, dv_products) if grad else _inference(u, V, gamma)
     return y if len(lead) == 1 else y.reshape(*lead, Dh)

@@ -1,25 +1,27 @@
-"""cemlib operators that no autograd graph records, registered with a lean dispatch.
+"""cemlib operators that no autograd layer wraps, registered with a lean dispatch.
 
-Under ``torch.compile`` the fused layers run as opaque ``torch.library`` operators: a forward
-operator with its derivative (``torch.library.custom_op`` and ``register_autograd``), whose
-formula calls a backward operator. A compiled training step calls every layer's operators at
-every step, and where the step is host-bound, each call's host time is time the GPU waits for
-(the H100 run of 2026-11-27: a compiled CEM step took 22 ms for 15 ms of GPU kernels).
-``custom_op`` calls an operator's kernel through several Python layers: an autograd layer (even
-for an operator without a derivative), a redispatch below it, a wrapper that checks the outputs
-for aliases of the inputs, a ``torch._dynamo`` guard. For an operator with the attention
-backward's 17 arguments that is about 10 us per call on this project's CPU (22 us against 12 us
-registered with ``Library.impl``; ``benchmarks/NOTES.md``, step 25).
+Under ``torch.compile`` the fused layers run as opaque ``torch.library`` operators: a forward and
+a backward operator per layer, joined by an ``autograd.Function`` whose forward and backward only
+call them (``tied_attention_v2._CompiledTiedAttention``, ``gated_mlp_triton._CompiledTiedMLPStep``).
+Dynamo traces that function, AOTAutograd puts the forward operator into the compiled forward graph
+and the backward operator into the backward graph, and at run time nothing but the dispatcher
+stands between a graph and an operator's kernel. A compiled training step calls every layer's
+operators at every step, and where the step is host-bound, each call's host time is time the GPU
+waits for (the H100 run of 2026-11-27: a compiled CEM step took 22 ms for 15 ms of GPU kernels).
+``torch.library.custom_op`` would call an operator's kernel through several Python layers: an
+autograd layer (even for an operator without a derivative, and in a compiled graph, where grad
+mode is off), a redispatch below it, a wrapper that checks the outputs for aliases of the inputs,
+a ``torch._dynamo`` guard: about 10 us per call on this project's CPU for the attention backward's
+17 arguments (22 us against 12 us registered with ``Library.impl``; ``benchmarks/NOTES.md``, step
+25), about 10 us more for a forward with its derivative (step 27).
 
-:func:`define` registers an operator that needs no derivative the direct way: its schema, tagged
-``pt2_compliant_tag`` as ``custom_op`` tags it; its kernel for CPU and CUDA tensors; its fake
-(meta) kernel for tracing. It serves the operators no autograd graph records: the backward
-operators, which only the derivative formulas of compiled forward operators call (AOTAutograd
-traces a formula once, and a compiled graph has no double backward), and operators used only
-without autograd (the MLP step's inference). What ``custom_op`` adds and these go without: its
-runtime check that no output aliases an input (the kernels return new tensors:
-``tests/test_operators.py`` checks each operator), and an error at a backward through the
-operator (no graph records one).
+:func:`define` registers an operator the direct way: its schema, tagged ``pt2_compliant_tag`` as
+``custom_op`` tags it; its kernel for CPU and CUDA tensors; its fake (meta) kernel for tracing. It
+serves the forward and backward operators of the compiled path, and operators used only without
+autograd (the MLP step's inference). What ``custom_op`` adds and these go without: its runtime
+check that no output aliases an input (the kernels return new tensors: ``tests/test_operators.py``
+checks each operator), and a derivative of its own (an operator called outside the
+``autograd.Function`` has none: a backward through it fails).
 """
 
 from __future__ import annotations

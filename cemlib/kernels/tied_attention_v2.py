@@ -71,8 +71,8 @@ self or cross bias gradients: the fold), 9 with the default CEM layer's shared d
 Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher validates them
 and calls it on CUDA for fp16/bf16, and for any dtype with the ``"triton"`` backend). In eager mode
 one ``torch.autograd.Function``; while compiling (``torch.compile``), two opaque ``torch.library``
-operators (no graph break, no tracing into Triton): the forward a custom op with its derivative,
-the backward registered directly (:mod:`cemlib.kernels.operators`). First order only
+operators (no graph break, no tracing into Triton), registered directly (:mod:`.operators`),
+joined by an ``autograd.Function`` that dynamo traces into the graph. First order only
 (``once_differentiable``): a second derivative needs ``use_backend("reference")``.
 The autotuner times every configuration at the first call of each power-of-two bucket of the
 sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each.
@@ -95,9 +95,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch.library import custom_op
 
-from cemlib.kernels import direct_launch, operators
+from cemlib.kernels import direct_launch
+from cemlib.kernels import operators  # the compiled path's operators
 from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -1486,24 +1486,29 @@ def _empty(t: Tensor) -> Tensor:
     return t.new_empty(0)
 
 
-@custom_op("cemlib::tied_attention_v2_fwd", mutates_args=())
-def _fwd_op(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
-            self_bias: Optional[Tensor], cross_bias: Optional[Tensor], q_extra: Optional[Tensor],
-            k_extra: Optional[Tensor], extra_values: bool, atomic_dq: int
-            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _fwd_kernel_op(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
     with _on_device(q):
         out = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values)
     return tuple(t if t is not None else _empty(q) for t in out)
 
 
-@_fwd_op.register_fake
-def _(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values, atomic_dq):
+def _fwd_fake(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
     B, K, L, _ = q.shape
     acc = _acc_dtype(q.dtype)
     square = q.new_empty((B, L, L)) if q_extra is not None else _empty(q)
     return (torch.empty_like(_same_layout(q, kv)[0]), q.new_empty((B, K, L), dtype=acc),
             k_extra.new_empty((B, L, k_extra.shape[-1])) if extra_values else _empty(q),
             square, q.new_empty((B, L, L)) if extra_values else _empty(q))
+
+
+# what a compiled graph calls: the forward and backward operators, registered without
+# custom_op's layers (cemlib.kernels.operators); their derivative is _CompiledTiedAttention's,
+# which dynamo traces into the graph, so no autograd layer runs around either at each call
+_fwd_op = operators.define(
+    "tied_attention_v2_fwd",
+    "(Tensor q, Tensor kv, float scale, Tensor? alibi, Tensor? self_bias, Tensor? cross_bias, "
+    "Tensor? q_extra, Tensor? k_extra, bool extra_values) -> (Tensor, Tensor, Tensor, Tensor, "
+    "Tensor)", _fwd_kernel_op, _fwd_fake)
 
 
 def _bwd_kernel_op(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra,
@@ -1524,8 +1529,6 @@ def _bwd_fake(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias,
     return out
 
 
-# the backward: called only by _op_backward, the compiled forward's derivative (no autograd
-# graph records it), so registered without custom_op's layers (cemlib.kernels.operators)
 _bwd_op = operators.define(
     "tied_attention_v2_bwd",
     "(Tensor? do, Tensor? dlse, Tensor? doe, Tensor q, Tensor kv, Tensor o, Tensor lse, "
@@ -1534,26 +1537,31 @@ _bwd_op = operators.define(
     _bwd_kernel_op, _bwd_fake)
 
 
-def _op_setup(ctx, inputs, output):
-    q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values, atomic_dq = inputs
-    o, lse, _, e2, a = output
-    ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra,
-                          e2 if q_extra is not None else None, a if extra_values else None)
-    ctx.scale, ctx.atomic_dq = scale, atomic_dq
+class _CompiledTiedAttention(torch.autograd.Function):
+    """Entry while ``torch.compile`` traces: the same derivative as :class:`_TiedAttention`,
+    with forward and backward as the operators above (opaque to the compiler)."""
 
+    @staticmethod
+    def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
+                atomic_dq):
+        o, lse, oe, e2, a = _fwd_op(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
+                                    extra_values)
+        ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra,
+                              e2 if q_extra is not None else None, a if extra_values else None)
+        ctx.scale, ctx.atomic_dq = scale, atomic_dq
+        ctx.set_materialize_grads(False)
+        return (o, lse, oe) if extra_values else (o, lse)
 
-def _op_backward(ctx, do, dlse, doe, _de2, _da):
-    q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a = ctx.saved_tensors
-    n = ctx.needs_input_grad
-    needs = [n[0], n[1], n[3], n[4], n[5], n[6], n[7]]
-    g = _bwd_op(do, dlse, doe if a is not None else None, q, kv, o, lse, ctx.scale, alibi,
-                self_bias, cross_bias, q_extra, k_extra, e2, a, needs, ctx.atomic_dq)
-    dq, dkv, dalibi, dself, dcross, dqe, dke = [gi if need else None
-                                                for gi, need in zip(g, [True, True, *needs[2:]])]
-    return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
-
-
-_fwd_op.register_autograd(_op_backward, setup_context=_op_setup)
+    @staticmethod
+    def backward(ctx, do, dlse, doe=None):
+        q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        needs = [n[0], n[1], n[3], n[4], n[5], n[6], n[7]]
+        g = _bwd_op(do, dlse, doe if a is not None else None, q, kv, o, lse, ctx.scale, alibi,
+                    self_bias, cross_bias, q_extra, k_extra, e2, a, needs, ctx.atomic_dq)
+        dq, dkv, dalibi, dself, dcross, dqe, dke = [
+            gi if need else None for gi, need in zip(g, [True, True, *needs[2:]])]
+        return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
 
 
 def _on_device(t: Tensor):
@@ -1576,9 +1584,9 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
                          "cemlib.kernels.tied_attention_triton (v1)")
     extra_values = bool(extra_values)
     if torch.compiler.is_compiling():
-        o, lse, oe, _, _ = _fwd_op(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
-                                   k_extra, extra_values, -1 if atomic_dq is None else int(atomic_dq))
-        return (o, lse, oe) if extra_values else (o, lse)
+        return _CompiledTiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias,
+                                            q_extra, k_extra, extra_values,
+                                            -1 if atomic_dq is None else int(atomic_dq))
     with _on_device(q):
         return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
                                     k_extra, extra_values, atomic_dq)
