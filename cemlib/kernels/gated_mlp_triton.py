@@ -441,7 +441,7 @@ def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor,
         gamma, u = gamma.reshape(-1, Dv), u.reshape(-1, Dh)
     gamma = gamma.contiguous()
     grad = torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad)
-    if torch.compiler.is_compiling():  # opaque custom ops: no graph break, no tracing into Triton
+    if torch.compiler.is_compiling():  # opaque operators: no graph break, no tracing into Triton
         y = (_CompiledTiedMLPStep.apply(u, V, gamma, dv_products) if grad
              else _step_infer(u, V, gamma))
     else:

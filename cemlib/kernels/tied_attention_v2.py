@@ -1486,7 +1486,10 @@ def _empty(t: Tensor) -> Tensor:
     return t.new_empty(0)
 
 
-def _fwd_kernel_op(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
+def _fwd_kernel_op(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
+                   self_bias: Optional[Tensor], cross_bias: Optional[Tensor],
+                   q_extra: Optional[Tensor], k_extra: Optional[Tensor], extra_values: bool
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q):
         out = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values)
     return tuple(t if t is not None else _empty(q) for t in out)
