@@ -104,3 +104,21 @@ def test_an_output_that_aliases_an_input_is_caught():
     x = torch.randn(4, 4)
     assert _shares_memory(x[1:], x) and _shares_memory(x, x)
     assert not _shares_memory(x.clone(), x) and not _shares_memory(x.new_empty(0), x)
+
+
+def _has_kernel(name: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"cemlib::{name}", key)
+
+
+def test_no_autograd_layer_stands_before_the_operators_of_a_compiled_graph():
+    """Each operator registered here has a kernel for CPU and CUDA tensors and none for autograd:
+    a compiled graph reaches the kernel function through the dispatcher alone (the derivative is
+    the ``autograd.Function`` that dynamo traced into the graph; ``benchmarks/NOTES.md``, step
+    27). Failing input: an operator made with ``torch.library.custom_op``, such as the first
+    version's attention forward, has an autograd kernel (custom_op's Python layer, which runs at
+    every call, with grad mode off too)."""
+    for name, *_ in _cases():
+        assert _has_kernel(name, "CPU") and _has_kernel(name, "CUDA"), name
+        assert not _has_kernel(name, "Autograd"), name
+    from cemlib.kernels import ops  # noqa: F401 - registers the first version's custom ops
+    assert _has_kernel("tied_attention_fwd", "Autograd")
