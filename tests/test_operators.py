@@ -1,5 +1,6 @@
 """The operators registered without ``torch.library.custom_op`` (:mod:`cemlib.kernels.operators`):
-the attention v2 forward and backward, the MLP step's forward, backward and inference.
+the attention v2 forward and backward, the MLP step's forward, backward and inference, the
+DPLR preconditioner.
 
 ``custom_op`` checks at every call that no output aliases an input; these operators go without
 that check, so it is made here, once per operator: every output is a new tensor. Also: each
@@ -18,6 +19,7 @@ from triton_interpreter import CUDA, DEVICE, kernels_usable, rerun_in_fresh_proc
 triton = pytest.importorskip("triton")
 
 from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
+from cemlib.kernels import ops  # noqa: E402
 from cemlib.kernels import reference  # noqa: E402
 from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
 
@@ -60,6 +62,13 @@ def _mlp_args():
     return (dy, u, V, gamma, h), (u, V, gamma)
 
 
+def _dplr_args():
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(7, 16, generator=g).to(DEVICE, DTYPE),
+            torch.randn(16, generator=g).to(DEVICE, DTYPE),
+            *(0.25 * torch.randn(16, 4, generator=g).to(DEVICE, DTYPE) for _ in range(2)))
+
+
 def _cases():
     """``(name, operator, its kernel function, arguments)``"""
     bwd = _attention_backward_args()
@@ -68,7 +77,8 @@ def _cases():
             ("tied_attention_v2_fwd", v2._fwd_op, v2._fwd_kernel_op, _attention_forward_args()),
             ("tied_mlp_step_bwd", gm._step_bwd, gm._backward, mlp_bwd),
             ("tied_mlp_step_fwd", gm._step_fwd, gm._forward, mlp_infer),
-            ("tied_mlp_step_infer", gm._step_infer, gm._inference, mlp_infer)]
+            ("tied_mlp_step_infer", gm._step_infer, gm._inference, mlp_infer),
+            ("dplr_precondition", ops._dplr, ops._dplr_kernel, _dplr_args())]
 
 
 def _tensors(x):
@@ -81,7 +91,7 @@ def _shares_memory(a, b) -> bool:
         a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_operators_return_new_tensors_equal_to_their_kernels(case):
     name, op, kernel, args = _cases()[case]
     assert op.name() == f"cemlib::{name}" and torch.Tag.pt2_compliant_tag in op.tags
@@ -120,5 +130,4 @@ def test_no_autograd_layer_stands_before_the_operators_of_a_compiled_graph():
     for name, *_ in _cases():
         assert _has_kernel(name, "CPU") and _has_kernel(name, "CUDA"), name
         assert not _has_kernel(name, "Autograd"), name
-    from cemlib.kernels import ops  # noqa: F401 - registers the first version's custom ops
-    assert _has_kernel("tied_attention_fwd", "Autograd")
+    assert _has_kernel("tied_attention_fwd", "Autograd")  # (registered by importing ops)

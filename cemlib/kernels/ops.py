@@ -1,9 +1,14 @@
-"""``torch.library`` custom ops around the Triton kernels, with their autograd formulas.
+"""``torch.library`` operators around the first version's Triton kernels, with their autograd
+formulas.
 
-Each kernel is registered as an opaque custom op (``cemlib::...``) with a fake (meta)
-implementation, so ``torch.compile`` can trace through a model that calls it (the op stays a
-single node in the graph) and ``torch.autograd`` differentiates it with the backward kernels.
-The backward passes are custom ops too, so compiled training graphs also stay traceable.
+The tied attention (v1) and the tied gated-MLP step (v1) are registered as opaque custom ops
+(``cemlib::...``) with a fake (meta) implementation, so ``torch.compile`` can trace through a
+model that calls them (the op stays a single node in the graph) and ``torch.autograd``
+differentiates them with the backward kernels; their backward passes are custom ops too, so
+compiled training graphs stay traceable. The DPLR preconditioner, which every GPU run with a
+``"dplr"`` preconditioner calls, goes the leaner way of the second version's kernels: an
+``autograd.Function`` that calls the launcher in eager mode and, while compiling, an operator
+registered without custom_op's layers (:mod:`cemlib.kernels.operators`).
 
 The kernel modules are imported lazily, at the first call: ``triton.jit`` reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so importing this module (or
@@ -21,6 +26,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 from torch.library import custom_op
+
+from cemlib.kernels import operators
 
 __all__ = ["tied_attention", "tied_gated_mlp_step", "dplr_precondition"]
 
@@ -178,35 +185,41 @@ def tied_gated_mlp_step(u, V, gamma):
 
 # ---------------------------------------------------------------- DPLR preconditioner
 
-@custom_op("cemlib::dplr_precondition", mutates_args=())
-def _dplr(g: Tensor, d: Tensor, U: Tensor, V: Tensor) -> Tensor:
+def _dplr_kernel(g: Tensor, d: Tensor, U: Tensor, V: Tensor) -> Tensor:
     with _on_device(g):
         return _mlp_kernels().dplr_apply(g, d, U, V)
 
 
-@_dplr.register_fake
-def _(g, d, U, V):
-    return g.new_empty(g.shape)
+# what a compiled graph calls: registered without custom_op's layers (cemlib.kernels.operators);
+# its derivative is _DPLRPrecondition's, which dynamo traces into the graph
+_dplr = operators.define("dplr_precondition", "(Tensor g, Tensor d, Tensor U, Tensor V) -> Tensor",
+                         _dplr_kernel, lambda g, d, U, V: g.new_empty(g.shape))
 
 
-def _dplr_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+class _DPLRPrecondition(torch.autograd.Function):
+    """``P g`` with ``P = diag(softplus d) + U V^T + V U^T`` (CEM eq. 13) and its derivative.
+    In eager mode the forward calls the kernel's launcher directly (no operator dispatch); while
+    ``torch.compile`` traces, the operator :data:`_dplr` (opaque to the compiler). The backward's
+    ``dg = P dout`` (``P`` is symmetric) goes through this function again, so a second
+    derivative stays exact."""
 
+    @staticmethod
+    def forward(ctx, g, d, U, V):
+        ctx.save_for_backward(g, d, U, V)
+        return _dplr(g, d, U, V) if torch.compiler.is_compiling() else _dplr_kernel(g, d, U, V)
 
-def _dplr_backward(ctx, dout):
-    g, d, U, V = ctx.saved_tensors
-    dg = _dplr(dout, d, U, V)  # P is symmetric: the vector-Jacobian product is P dout
-    dd = (dout * g).sum(0) * torch.sigmoid(d)
-    gV, gU, oV, oU = g @ V, g @ U, dout @ V, dout @ U
-    dU = dout.T @ gV + g.T @ oV
-    dV = dout.T @ gU + g.T @ oU
-    return dg, dd, dU, dV
-
-
-_dplr.register_autograd(_dplr_backward, setup_context=_dplr_setup)
+    @staticmethod
+    def backward(ctx, dout):
+        g, d, U, V = ctx.saved_tensors
+        dg = _DPLRPrecondition.apply(dout, d, U, V)
+        dd = (dout * g).sum(0) * torch.sigmoid(d)
+        gV, gU, oV, oU = g @ V, g @ U, dout @ V, dout @ U
+        dU = dout.T @ gV + g.T @ oV
+        dV = dout.T @ gU + g.T @ oU
+        return dg, dd, dU, dV
 
 
 def dplr_precondition(g, d, U, V):
     """Triton version of :func:`cemlib.kernels.reference.dplr_precondition`."""
     lead, Dh = g.shape[:-1], g.shape[-1]
-    return _dplr(g.reshape(-1, Dh), d, U, V).reshape(*lead, Dh)
+    return _DPLRPrecondition.apply(g.reshape(-1, Dh), d, U, V).reshape(*lead, Dh)
