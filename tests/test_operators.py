@@ -131,3 +131,18 @@ def test_no_autograd_layer_stands_before_the_operators_of_a_compiled_graph():
         assert _has_kernel(name, "CPU") and _has_kernel(name, "CUDA"), name
         assert not _has_kernel(name, "Autograd"), name
     assert _has_kernel("tied_attention_fwd", "Autograd")  # (registered by importing ops)
+
+
+def test_an_operator_defined_again_keeps_its_first_definition():
+    """A module that defines operators, imported a second time (a reload, or a fresh import
+    after its ``sys.modules`` entry was dropped, as ``test_imports.py`` does), defines them
+    again while the first definitions live on: ``define`` keeps the first. Failing input,
+    shown once by that test: without the check the dispatcher refused the DPLR operator's
+    second definition ("registered ... multiple times")."""
+    from cemlib.kernels import operators
+    fake = lambda x: x.new_empty(x.shape)  # noqa: E731
+    first = operators.define("test_defined_twice", "(Tensor x) -> Tensor", torch.clone, fake)
+    again = operators.define("test_defined_twice", "(Tensor x) -> Tensor", torch.neg, fake)
+    x = torch.ones(3)
+    assert again.name() == first.name() == "cemlib::test_defined_twice"
+    assert torch.equal(again(x), x)  # the first kernel
