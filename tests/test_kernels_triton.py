@@ -341,10 +341,15 @@ def test_gated_mlp_v2_eager_is_one_autograd_function():
     names = _graph_nodes(y)
     assert "_TiedMLPStepBackward" in names and not any("tied_mlp_step" in n for n in names), names
     y.square().sum().backward()
-    ops_leaves = [x.clone().requires_grad_() for x in xs]
-    gated_mlp_triton._CompiledTiedMLPStep.apply(*ops_leaves, "accumulate").square().sum().backward()
-    for a, b in zip(leaves, ops_leaves):
-        assert torch.equal(a.grad, b.grad)
+    for a, b in zip(leaves, _operators_grads(xs, 2 * y.detach(), "accumulate")):
+        assert torch.equal(a.grad, b)
+
+
+def _operators_grads(xs, dy, mode):
+    """``(du, dV, dgamma)`` through the forward and backward operators a compiled graph calls
+    (the derivative AOTAutograd traces from the step's ``autograd.Function``)."""
+    _, h = gated_mlp_triton._step_fwd(*xs)
+    return gated_mlp_triton._step_bwd(dy, *xs, h, mode)
 
 
 @pytest.mark.parametrize("path", ["eager", "operators"])
@@ -352,7 +357,7 @@ def test_gated_mlp_v2_forms_dV_either_way(path):
     """``dv_products``: the second half of ``dV`` added into the first's buffer (``addmm_``, the
     default) or computed apart and added; both give the float64 reference's gradients (fp32, odd
     shape), through the eager Function and through the operators that serve ``torch.compile``
-    (with their derivative, the ``autograd.Function`` dynamo traces). Failing input, shown once:
+    (called as the derivative dynamo traces calls them). Failing input, shown once:
     with ``"separate"`` overwriting ``dV`` instead of adding to it, ``dV`` was off by its whole
     first half (relative error ~0.7)."""
     g = torch.Generator().manual_seed(8)
@@ -366,11 +371,12 @@ def test_gated_mlp_v2_forms_dV_either_way(path):
         xs = [x.float().to(DEVICE).requires_grad_() for x in base]
         if path == "eager":
             y = gated_mlp_triton.tied_gated_mlp_step(*xs, dv_products=mode)
+            (y.double() * cot.to(DEVICE)).sum().backward()
+            grads = [x.grad for x in xs]
         else:
-            y = gated_mlp_triton._CompiledTiedMLPStep.apply(*xs, mode)
-        (y.double() * cot.to(DEVICE)).sum().backward()
-        for got, want in zip(xs, exact):
-            assert rel_err(got.grad, want.grad) < 1e-5, (mode, path)
+            grads = _operators_grads([x.detach() for x in xs], cot.float().to(DEVICE), mode)
+        for got, want in zip(grads, exact):
+            assert rel_err(got, want.grad) < 1e-5, (mode, path)
     with pytest.raises(ValueError, match="dv_products"):
         gated_mlp_triton.tied_gated_mlp_step(*xs, dv_products="split")
 

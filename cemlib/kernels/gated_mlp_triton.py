@@ -363,25 +363,6 @@ def _inference(u: Tensor, V: Tensor, gamma: Tensor) -> Tensor:
         return torch.mm(_gate(h, gamma, h), V)     # a overwrites h: nothing to save
 
 
-class _TiedMLPStep(torch.autograd.Function):
-    """Eager autograd of the step: one ``autograd.Function`` over the launchers, which costs the
-    host less than the pair of ``torch.library`` operators a compiled graph calls
-    (``benchmarks/host_overhead.py``, row ``mlp_v2``: the host time of a forward+backward with
-    either); at small widths (D_h = 768 on the H100) host time is time the GPU waits for."""
-
-    @staticmethod
-    def forward(ctx, u, V, gamma, dv_products):
-        y, h = _forward(u, V, gamma)
-        ctx.save_for_backward(u, V, gamma, h)
-        ctx.dv_products = dv_products
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        return *_backward(dy, *ctx.saved_tensors, ctx.dv_products), None
-
-
 def _step_fwd_fake(u, V, gamma):
     return u.new_empty(u.shape), u.new_empty((u.shape[0], V.shape[0]))
 
@@ -392,7 +373,7 @@ def _step_bwd_fake(dy, u, V, gamma, h, dv_products="accumulate"):
 
 # what a compiled graph calls: the forward (y and h = u V^T) and backward operators, registered
 # without custom_op's layers (cemlib.kernels.operators); their derivative is
-# _CompiledTiedMLPStep's, which dynamo traces into the graph
+# _TiedMLPStep's, which dynamo traces into the graph
 _step_fwd = operators.define("tied_mlp_step_fwd", "(Tensor u, Tensor V, Tensor gamma) -> "
                              "(Tensor, Tensor)", _forward, _step_fwd_fake)
 _step_bwd = operators.define(
@@ -400,20 +381,25 @@ _step_bwd = operators.define(
     "str dv_products=\"accumulate\") -> (Tensor, Tensor, Tensor)", _backward, _step_bwd_fake)
 
 
-class _CompiledTiedMLPStep(torch.autograd.Function):
-    """Entry while ``torch.compile`` traces: :class:`_TiedMLPStep` with forward and backward as
-    the operators above (opaque to the compiler)."""
+class _TiedMLPStep(torch.autograd.Function):
+    """Autograd of the step. In eager mode forward and backward call the launchers directly,
+    which costs the host less than the pair of ``torch.library`` operators
+    (``benchmarks/host_overhead.py``, row ``mlp_v2``; at small widths, D_h = 768 on the H100,
+    host time is time the GPU waits for); while ``torch.compile`` traces, the operators above
+    (opaque to the compiler), which AOTAutograd puts into the forward and backward graphs."""
 
     @staticmethod
     def forward(ctx, u, V, gamma, dv_products):
-        y, h = _step_fwd(u, V, gamma)
+        y, h = _step_fwd(u, V, gamma) if torch.compiler.is_compiling() else _forward(u, V, gamma)
         ctx.save_for_backward(u, V, gamma, h)
         ctx.dv_products = dv_products
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
-        return *_step_bwd(dy, *ctx.saved_tensors, ctx.dv_products), None
+        step = _step_bwd if torch.compiler.is_compiling() else _backward
+        return *step(dy, *ctx.saved_tensors, ctx.dv_products), None
 
 
 # inference only (no input requires grad, or grad mode off): no derivative, no custom_op layers
@@ -441,9 +427,8 @@ def tied_gated_mlp_step(u: Tensor, V: Tensor, gamma: Tensor,
         gamma, u = gamma.reshape(-1, Dv), u.reshape(-1, Dh)
     gamma = gamma.contiguous()
     grad = torch.is_grad_enabled() and (u.requires_grad or V.requires_grad or gamma.requires_grad)
-    if torch.compiler.is_compiling():  # opaque operators: no graph break, no tracing into Triton
-        y = (_CompiledTiedMLPStep.apply(u, V, gamma, dv_products) if grad
-             else _step_infer(u, V, gamma))
-    else:
-        y = _TiedMLPStep.apply(u, V, gamma, dv_products) if grad else _inference(u, V, gamma)
+    if grad:
+        y = _TiedMLPStep.apply(u, V, gamma, dv_products)
+    else:  # compiling: an opaque operator (no graph break, no tracing into Triton)
+        y = (_step_infer if torch.compiler.is_compiling() else _inference)(u, V, gamma)
     return y if len(lead) == 1 else y.reshape(*lead, Dh)

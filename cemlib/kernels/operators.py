@@ -1,13 +1,14 @@
 """cemlib operators that no autograd layer wraps, registered with a lean dispatch.
 
 Under ``torch.compile`` the fused layers run as opaque ``torch.library`` operators: a forward and
-a backward operator per layer, joined by an ``autograd.Function`` whose forward and backward only
-call them (``tied_attention_v2._CompiledTiedAttention``, ``gated_mlp_triton._CompiledTiedMLPStep``).
-Dynamo traces that function, AOTAutograd puts the forward operator into the compiled forward graph
-and the backward operator into the backward graph, and at run time nothing but the dispatcher
-stands between a graph and an operator's kernel. A compiled training step calls every layer's
-operators at every step, and where the step is host-bound, each call's host time is time the GPU
-waits for (the H100 run of 2026-11-27: a compiled CEM step took 22 ms for 15 ms of GPU kernels).
+a backward operator per layer, called by the layer's ``autograd.Function`` while dynamo traces it
+(``tied_attention_v2._TiedAttention``, ``gated_mlp_triton._TiedMLPStep``,
+``ops._DPLRPrecondition``; in eager mode the same functions call the launchers). AOTAutograd puts
+the forward operator into the compiled forward graph and the backward operator into the backward
+graph, and at run time nothing but the dispatcher stands between a graph and an operator's
+kernel. A compiled training step calls every layer's operators at every step, and where the step
+is host-bound, each call's host time is time the GPU waits for (the H100 run of 2026-11-27: a
+compiled CEM step took 22 ms for 15 ms of GPU kernels).
 ``torch.library.custom_op`` would call an operator's kernel through several Python layers: an
 autograd layer (even for an operator without a derivative, and in a compiled graph, where grad
 mode is off), a redispatch below it, a wrapper that checks the outputs for aliases of the inputs,

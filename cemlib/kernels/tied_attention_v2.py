@@ -1458,30 +1458,6 @@ def backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, 
 
 # ------------------------------------------------------------------------------------ autograd
 
-class _TiedAttention(torch.autograd.Function):
-    """Eager entry: forward and backward call the launchers directly."""
-
-    @staticmethod
-    def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
-                atomic_dq):
-        o, lse, oe, e2, a = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
-                                    extra_values)
-        ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a)
-        ctx.scale, ctx.atomic_dq = scale, atomic_dq
-        ctx.set_materialize_grads(False)  # unused outputs (lse, in the layers) cost nothing
-        return (o, lse, oe) if extra_values else (o, lse)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do, dlse, doe=None):
-        q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a = ctx.saved_tensors
-        n = ctx.needs_input_grad
-        dq, dkv, dalibi, dself, dcross, dqe, dke = backward(
-            do, dlse, doe, q, kv, o, lse, ctx.scale, alibi, self_bias, cross_bias, q_extra,
-            k_extra, e2, a, (n[0], n[1], n[3], n[4], n[5], n[6], n[7]), ctx.atomic_dq)
-        return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
-
-
 def _empty(t: Tensor) -> Tensor:
     return t.new_empty(0)
 
@@ -1505,7 +1481,7 @@ def _fwd_fake(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extr
 
 
 # what a compiled graph calls: the forward and backward operators, registered without
-# custom_op's layers (cemlib.kernels.operators); their derivative is _CompiledTiedAttention's,
+# custom_op's layers (cemlib.kernels.operators); their derivative is _TiedAttention's,
 # which dynamo traces into the graph, so no autograd layer runs around either at each call
 _fwd_op = operators.define(
     "tied_attention_v2_fwd",
@@ -1540,30 +1516,41 @@ _bwd_op = operators.define(
     _bwd_kernel_op, _bwd_fake)
 
 
-class _CompiledTiedAttention(torch.autograd.Function):
-    """Entry while ``torch.compile`` traces: the same derivative as :class:`_TiedAttention`,
-    with forward and backward as the operators above (opaque to the compiler)."""
+class _TiedAttention(torch.autograd.Function):
+    """Autograd of a call. In eager mode forward and backward call the launchers directly; while
+    ``torch.compile`` traces, the operators :data:`_fwd_op` and :data:`_bwd_op` (opaque to the
+    compiler), which AOTAutograd puts into the forward and backward graphs."""
 
     @staticmethod
     def forward(ctx, q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values,
                 atomic_dq):
-        o, lse, oe, e2, a = _fwd_op(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra,
-                                    extra_values)
-        ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra,
-                              e2 if q_extra is not None else None, a if extra_values else None)
+        if torch.compiler.is_compiling():  # (the operator returns empty tensors for None)
+            o, lse, oe, e2, a = _fwd_op(q, kv, scale, alibi, self_bias, cross_bias, q_extra,
+                                        k_extra, extra_values)
+            e2, a = e2 if q_extra is not None else None, a if extra_values else None
+        else:
+            o, lse, oe, e2, a = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra,
+                                        k_extra, extra_values)
+        ctx.save_for_backward(q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a)
         ctx.scale, ctx.atomic_dq = scale, atomic_dq
-        ctx.set_materialize_grads(False)
+        ctx.set_materialize_grads(False)  # unused outputs (lse, in the layers) cost nothing
         return (o, lse, oe) if extra_values else (o, lse)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do, dlse, doe=None):
         q, kv, o, lse, alibi, self_bias, cross_bias, q_extra, k_extra, e2, a = ctx.saved_tensors
         n = ctx.needs_input_grad
         needs = [n[0], n[1], n[3], n[4], n[5], n[6], n[7]]
-        g = _bwd_op(do, dlse, doe if a is not None else None, q, kv, o, lse, ctx.scale, alibi,
-                    self_bias, cross_bias, q_extra, k_extra, e2, a, needs, ctx.atomic_dq)
-        dq, dkv, dalibi, dself, dcross, dqe, dke = [
-            gi if need else None for gi, need in zip(g, [True, True, *needs[2:]])]
+        if torch.compiler.is_compiling():  # (the operator returns empty tensors for None)
+            atomic = -1 if ctx.atomic_dq is None else int(ctx.atomic_dq)
+            g = _bwd_op(do, dlse, doe, q, kv, o, lse, ctx.scale, alibi, self_bias, cross_bias,
+                        q_extra, k_extra, e2, a, needs, atomic)
+            g = [gi if need else None for gi, need in zip(g, [True, True, *needs[2:]])]
+        else:
+            g = backward(do, dlse, doe, q, kv, o, lse, ctx.scale, alibi, self_bias, cross_bias,
+                         q_extra, k_extra, e2, a, needs, ctx.atomic_dq)
+        dq, dkv, dalibi, dself, dcross, dqe, dke = g
         return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
 
 
@@ -1586,10 +1573,9 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
                          "pairs or values and wider heads go to "
                          "cemlib.kernels.tied_attention_triton (v1)")
     extra_values = bool(extra_values)
-    if torch.compiler.is_compiling():
-        return _CompiledTiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias,
-                                            q_extra, k_extra, extra_values,
-                                            -1 if atomic_dq is None else int(atomic_dq))
+    if torch.compiler.is_compiling():  # the operators launch on q's device themselves
+        return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
+                                    k_extra, extra_values, atomic_dq)
     with _on_device(q):
         return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
                                     k_extra, extra_values, atomic_dq)
