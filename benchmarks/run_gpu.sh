@@ -28,23 +28,41 @@ if [[ "${1:-}" == "campaign" ]]; then
   exec python -m cemlib.train.campaign run "${@:2}"
 fi
 if [[ "${1:-}" == "tests" ]]; then
-  # Compiling, on the host, is most of these tests' time on a GPU (the H200 run of 2026-11-26 reached
+  # Compiling, on the host, was most of these tests' time on a GPU (the H200 run of 2026-11-26 reached
   # 93 % of them in 300 s). So: each v2 kernel in its default configuration, not its autotune space
-  # (CEMLIB_AUTOTUNE=0; gpu_kernels.py's every_config_v2 checks every configuration), and, where
-  # pytest-xdist is installed (the GPU image has it), CEMLIB_TEST_WORKERS processes (default 8)
-  # compiling side by side. Either is overridden by setting it, or by passing -n / -p no:xdist.
+  # (CEMLIB_AUTOTUNE=0; gpu_kernels.py's every_config_v2 checks every configuration), compiled
+  # beforehand into the carried cache (warm_cache.py build replays these tests on CPU tensors),
+  # and, where pytest-xdist is installed (the GPU image has it), CEMLIB_TEST_WORKERS processes
+  # (default 8) side by side. Either is overridden by setting it, or by passing -n / -p no:xdist.
   export CEMLIB_AUTOTUNE="${CEMLIB_AUTOTUNE:-0}"
-  workers=()
+  opts=()
   if [[ " ${*:2} " != *" -n "* && " ${*:2} " != *"no:xdist"* ]] \
       && python -c "import xdist" 2>/dev/null; then
-    workers=(-n "${CEMLIB_TEST_WORKERS:-8}")
+    opts+=(-n "${CEMLIB_TEST_WORKERS:-8}")
+  fi
+  # a test that runs longer than CEMLIB_TEST_TIMEOUT seconds (default 240) fails with its stack,
+  # where pytest-timeout is installed (the GPU image has it), instead of holding the call to its end
+  if [[ " ${*:2} " != *"--timeout"* ]] && python -c "import pytest_timeout" 2>/dev/null; then
+    opts+=(--timeout "${CEMLIB_TEST_TIMEOUT:-240}")
+  fi
+  # one line per test, as it starts and as it ends, with its seconds and a failure's message, in
+  # CEMLIB_TEST_LOG (default $OUT/gpu_tests.tsv on the device machine; tests/pytest_timing.py):
+  # the H100 runs of 2026-11-27 were cut off at 93 % twice without naming the slow tests
+  if [[ -z "${CEMLIB_TEST_LOG:-}" && -n "${OUT:-}" ]]; then
+    export CEMLIB_TEST_LOG="$OUT/gpu_tests.tsv"
   fi
   # -v: one line per test as it ends ("[gw3] [ 45%] FAILED tests/..."), so a call cut off by its
   # time limit still names its failures (the H100 run of 2026-11-27 lost two that way: pytest
-  # names them only in its closing summary, and "-v" after a "-q" here only cancelled it)
-  exec python -m pytest -v -p no:cacheprovider -o addopts=-ra ${workers[@]+"${workers[@]}"} \
-    tests/test_kernels_cuda.py tests/test_kernels_triton.py tests/test_kernels_dispatch.py \
-    tests/test_kernels_torch.py tests/test_no_sync.py tests/test_operators.py \
-    tests/test_train_cuda.py "${@:2}"
+  # names them only in its closing summary, and "-v" after a "-q" here only cancelled it).
+  # The trainer's test first: it compiles with Inductor, the longest test, and so starts at once.
+  count="import sys; sys.path.insert(0, 'benchmarks'); import warm_cache; print(warm_cache.compiled())"
+  before=$(python -c "$count" 2>/dev/null || echo 0)
+  status=0
+  python -m pytest -v -p no:cacheprovider -o addopts=-ra -p pytest_timing ${opts[@]+"${opts[@]}"} \
+    tests/test_train_cuda.py tests/test_kernels_cuda.py tests/test_kernels_triton.py \
+    tests/test_kernels_dispatch.py tests/test_kernels_torch.py tests/test_no_sync.py \
+    tests/test_operators.py "${@:2}" || status=$?
+  echo "Triton kernels compiled by the tests: $(( $(python -c "$count" 2>/dev/null || echo 0) - before ))"
+  exit "$status"
 fi
 exec python benchmarks/gpu_kernels.py "$@"

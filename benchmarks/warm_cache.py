@@ -17,7 +17,9 @@ variables, none of which says on which machine it was compiled. So:
     the others are multiples of the tiles, the same specialization), the MLP stage's steps
     (a few rows: only the widths specialize), the train stage's CEM models (one layer, a
     training step's forward and backward at its context and width: :func:`train_models`) and
-    the GPU campaign's models with CEM layers (a training step each: :func:`campaign_models`).
+    the GPU campaign's models with CEM layers (a training step each: :func:`campaign_models`),
+    and the CUDA tests of ``run_gpu.sh tests`` in their default configurations, run on CPU
+    tensors (:func:`cuda_tests`).
     Then packs each kernel's binary and metadata (not its intermediate representations) with a
     manifest of what the key depends on into
     ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
@@ -221,6 +223,9 @@ def _compile_calls(quick: bool) -> dict:
     part("mlp", mlp)
     part("train", lambda: train_models(s["train"], record))
     part("campaign", lambda: campaign_models(record))
+    outcomes = {}
+    part("CUDA tests", lambda: outcomes.update(cuda_tests()))
+    parts["CUDA tests"].update(outcomes)
     v2._tuned.clear()
     if errors:
         parts["errors"] = errors
@@ -344,6 +349,102 @@ def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
             data = task.train.batch(0, batch)
             _record_step(record, experiment, [batch, cfg.train.context_length, cfg.model.get("d_model")],
                          lambda model=model, task=task, data=data: task.loss(model, data))
+
+
+#: the CUDA test files of ``run_gpu.sh tests`` whose kernels the build compiles
+#: (:func:`cuda_tests`); the script's last file, ``test_train_cuda.py``, trains with Inductor,
+#: which writes C++ for CPU tensors, not the GPU's kernels, and is not replayed
+CUDA_TEST_FILES = ("tests/test_kernels_cuda.py", "tests/test_kernels_triton.py",
+                   "tests/test_kernels_dispatch.py", "tests/test_kernels_torch.py",
+                   "tests/test_no_sync.py", "tests/test_operators.py")
+_CUDA_NO_OPS = ("synchronize", "set_sync_debug_mode", "manual_seed", "manual_seed_all",
+                "reset_peak_memory_stats", "empty_cache")
+
+
+def _on_the_cpu(device):
+    """``device`` with a CUDA device replaced by the CPU (anything else unchanged)."""
+    if isinstance(device, (str, __import__("torch").device)) and str(device).startswith("cuda"):
+        return "cpu"
+    return device
+
+
+@contextlib.contextmanager
+def cuda_on_the_cpu():
+    """Code written for a GPU run on CPU tensors, for :func:`cuda_tests`:
+    ``torch.cuda.is_available()`` says yes; a tensor asked for on a CUDA device (a factory's
+    ``device=``, ``.to("cuda")``, ``.cuda()``), a ``torch.Generator`` and ``torch.autocast`` on
+    CUDA are the CPU's; ``torch.cuda``'s synchronisation, seeding and memory-statistics calls do
+    nothing. Restored on exit. Anything else of ``torch.cuda`` still raises (the code stops there).
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class OnTheCPU(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if "device" in kwargs:
+                kwargs["device"] = _on_the_cpu(kwargs["device"])
+            name = getattr(func, "__name__", "")
+            if name == "cuda":
+                return args[0]
+            if name == "to":
+                args = tuple(_on_the_cpu(a) for a in args)
+            return func(*args, **kwargs)
+
+    generator, autocast = torch.Generator, torch.autocast
+
+    class Generator(generator):  # a class still (annotations such as ``Generator | None``)
+        def __new__(cls, device="cpu"):
+            return generator(device=_on_the_cpu(device))
+
+    class Autocast(autocast):
+        def __init__(self, device_type, *args, **kw):
+            super().__init__(_on_the_cpu(device_type), *args, **kw)
+
+    saved = {name: getattr(torch.cuda, name) for name in
+             (*_CUDA_NO_OPS, "is_available", "max_memory_allocated")}
+    try:
+        torch.Generator, torch.autocast = Generator, Autocast
+        for name in _CUDA_NO_OPS:
+            setattr(torch.cuda, name, lambda *args, **kw: None)
+        torch.cuda.is_available = lambda: True
+        torch.cuda.max_memory_allocated = lambda *args, **kw: 0
+        with OnTheCPU():
+            yield
+    finally:
+        torch.Generator, torch.autocast = generator, autocast
+        for name, value in saved.items():
+            setattr(torch.cuda, name, value)
+
+
+def cuda_tests() -> dict:
+    """The CUDA tests' calls (:data:`CUDA_TEST_FILES`) as ``run_gpu.sh tests`` makes them: each
+    kernel in its default configuration (``CEMLIB_AUTOTUNE=0``), on CPU tensors
+    (:func:`cuda_on_the_cpu`) along the GPU path. The stand-in driver computes nothing, so most
+    tests fail on their values, after their calls have compiled the kernels; a test that asks
+    ``torch.cuda`` for more than :func:`cuda_on_the_cpu` answers stops there, and its kernels
+    compile on the GPU. Returns pytest's counts."""
+    import pytest
+    from cemlib.kernels import tied_attention_v2 as v2
+
+    class Counts:
+        def __init__(self):
+            self.outcomes = {}
+
+        def pytest_runtest_logreport(self, report):
+            if report.when == "call" or report.outcome != "passed":
+                self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
+
+    counts, autotune = Counts(), v2.AUTOTUNE
+    v2.AUTOTUNE = False
+    try:
+        with _as_on_a_gpu(), cuda_on_the_cpu():
+            pytest.main([*(str(HERE.parent / f) for f in CUDA_TEST_FILES), "-q", "-rN", "--tb=no",
+                         "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore"],
+                        plugins=[counts])
+    finally:
+        v2.AUTOTUNE = autotune
+    return {"tests": counts.outcomes}
 
 
 def build(out: Path, quick: bool = False, argv=None, manifest_out: Path | None = None) -> dict:

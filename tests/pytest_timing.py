@@ -1,9 +1,46 @@
 """pytest plugin (loaded with ``-p pytest_timing``, see pyproject.toml): prints the time each part
 of the suite took -- unit tests, kernels, training engine, chapters -- and each chapter, at the end
-of every run. A chapter must execute in at most 3 minutes on CI's 2-core machine."""
+of every run. A chapter must execute in at most 3 minutes on CI's 2-core machine.
+
+With ``CEMLIB_TEST_LOG=<file>`` it also appends a line to that file as each test starts and as
+it ends (its call, and a set-up or tear-down that failed or took a second or more; tab-separated: seconds since the session started, the pytest-xdist
+worker, ``start`` or the phase, its outcome and seconds, the test, and a failure's last line),
+written by the controlling process only and flushed at once. A run stopped by a time limit then
+still says which tests took the time and which were running (``benchmarks/run_gpu.sh tests``:
+the H100 runs of 2026-11-27 were cut off twice at 93 % of the CUDA tests without naming the slow
+ones or the failure)."""
+
+import os
+import time
 
 _PART_SECONDS: dict[str, float] = {}
 _CHAPTER_SECONDS: dict[str, float] = {}
+_LOG = {"path": None, "t0": time.monotonic()}
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers report to the controller, which runs this plugin's hooks again
+    if not hasattr(config, "workerinput"):
+        _LOG["path"] = os.environ.get("CEMLIB_TEST_LOG") or None
+        _LOG["t0"] = time.monotonic()
+
+
+def _log(worker: str, what: str, outcome: str, seconds: float, nodeid: str, note: str = "") -> None:
+    if _LOG["path"] is None:
+        return
+    line = "\t".join((f"{time.monotonic() - _LOG['t0']:.1f}", worker, what, outcome,
+                      f"{seconds:.1f}", nodeid, note.replace("\t", " ")))
+    with open(_LOG["path"], "a") as f:
+        f.write(line + "\n")
+
+
+def _worker(report) -> str:
+    node = getattr(report, "node", None)  # pytest-xdist: the worker a report came from
+    return getattr(getattr(node, "gateway", None), "id", None) or "main"
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _log("", "start", "", 0.0, nodeid)
 
 
 def _part(nodeid: str) -> str:
@@ -25,6 +62,13 @@ def _part(nodeid: str) -> str:
 def pytest_runtest_logreport(report):
     part = _part(report.nodeid)
     secs = float(getattr(report, "duration", 0.0) or 0.0)
+    if _LOG["path"] is not None and (report.when == "call" or report.failed or secs >= 1.0):
+        failure = ""
+        if report.failed:  # the exception's first line ("E   ...") and where it was raised
+            lines = report.longreprtext.strip().splitlines() or [""]
+            raised = [line.strip() for line in lines if line.startswith("E ")]
+            failure = " | ".join(raised[:1] + lines[-1:])[:400]
+        _log(_worker(report), report.when, report.outcome, secs, report.nodeid, failure)
     _PART_SECONDS[part] = _PART_SECONDS.get(part, 0.0) + secs
     path = report.nodeid.split("::", 1)[0]
     if path.endswith(".ipynb"):

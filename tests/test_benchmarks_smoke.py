@@ -606,3 +606,38 @@ def test_train_step_host_summary_names_the_custom_operators():
     assert op["cpu_ms_per_step"] >= 2.0
     assert {r["name"] for r in got["top_self_cpu"]} >= {"aten::cos"}
     assert got["self_cpu_ms_per_step"] > 0
+
+
+def test_cuda_tests_run_on_cpu_tensors_for_the_warm_cache_and_everything_is_restored():
+    """``warm_cache.cuda_on_the_cpu``, under which the build replays the CUDA tests to compile their
+    kernels: a tensor asked for on CUDA (factory ``device=``, ``.to``, ``.cuda()``), a CUDA
+    generator and CUDA autocast are the CPU's, ``torch.cuda.is_available()`` says yes and its
+    synchronisation does nothing; on exit everything is PyTorch's again (failing input, shown
+    once: without the restore, ``torch.cuda.is_available()`` stayed True after the block)."""
+    warm_cache = _benchmark("warm_cache")
+    originals = (torch.Generator, torch.autocast, torch.cuda.is_available, torch.cuda.synchronize)
+    with warm_cache.cuda_on_the_cpu():
+        assert torch.cuda.is_available()
+        torch.cuda.synchronize()
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(3, 4, generator=g, device="cuda")
+        assert x.device.type == "cpu"
+        assert x.to("cuda").device.type == x.cuda().device.type == "cpu"
+        assert torch.zeros(2, device=torch.device("cuda", 0)).device.type == "cpu"
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert (x @ x.T).dtype == torch.bfloat16  # the CPU's autocast
+        assert isinstance(g, torch._C.Generator) and isinstance(None, torch.Generator | None)
+    assert (torch.Generator, torch.autocast, torch.cuda.is_available,
+            torch.cuda.synchronize) == originals
+    assert torch.randn(2, device="cpu").to("cpu").device.type == "cpu"
+
+
+def test_the_warm_cache_replays_the_cuda_tests_that_run_gpu_sh_runs():
+    """The CUDA test files the build replays (``warm_cache.CUDA_TEST_FILES``) are those that
+    ``run_gpu.sh tests`` runs, but the trainer's (Inductor writes C++ for CPU tensors), and each
+    exists."""
+    warm_cache = _benchmark("warm_cache")
+    script = (ROOT / "benchmarks" / "run_gpu.sh").read_text()
+    listed = sorted(set(__import__("re").findall(r"tests/test_\w+\.py", script)))
+    assert sorted(warm_cache.CUDA_TEST_FILES) == [f for f in listed if f != "tests/test_train_cuda.py"]
+    assert all((ROOT / f).is_file() for f in listed)
