@@ -352,8 +352,8 @@ def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
 
 
 #: the CUDA test files of ``run_gpu.sh tests`` whose kernels the build compiles
-#: (:func:`cuda_tests`); the script's last file, ``test_train_cuda.py``, trains with Inductor,
-#: which writes C++ for CPU tensors, not the GPU's kernels, and is not replayed
+#: (:func:`cuda_tests`): all but the trainer's, ``test_train_cuda.py``, which trains with
+#: Inductor, and Inductor writes C++ for CPU tensors, not the GPU's kernels
 CUDA_TEST_FILES = ("tests/test_kernels_cuda.py", "tests/test_kernels_triton.py",
                    "tests/test_kernels_dispatch.py", "tests/test_kernels_torch.py",
                    "tests/test_no_sync.py", "tests/test_operators.py")
@@ -363,7 +363,8 @@ _CUDA_NO_OPS = ("synchronize", "set_sync_debug_mode", "manual_seed", "manual_see
 
 def _on_the_cpu(device):
     """``device`` with a CUDA device replaced by the CPU (anything else unchanged)."""
-    if isinstance(device, (str, __import__("torch").device)) and str(device).startswith("cuda"):
+    import torch
+    if isinstance(device, (str, torch.device)) and str(device).startswith("cuda"):
         return "cpu"
     return device
 

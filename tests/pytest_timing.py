@@ -3,9 +3,10 @@ of the suite took -- unit tests, kernels, training engine, chapters -- and each 
 of every run. A chapter must execute in at most 3 minutes on CI's 2-core machine.
 
 With ``CEMLIB_TEST_LOG=<file>`` it also appends a line to that file as each test starts and as
-it ends (its call, and a set-up or tear-down that failed or took a second or more; tab-separated: seconds since the session started, the pytest-xdist
-worker, ``start`` or the phase, its outcome and seconds, the test, and a failure's last line),
-written by the controlling process only and flushed at once. A run stopped by a time limit then
+it ends (its call, and a set-up or tear-down that failed or took a second or more), tab-separated:
+seconds since the session started, the pytest-xdist worker, ``start`` or the phase, its outcome
+and seconds, the test, and for a failure the exception's first line and where it was raised.
+Only the controlling process writes, and each line is on disk at once. A run stopped by a time limit then
 still says which tests took the time and which were running (``benchmarks/run_gpu.sh tests``:
 the H100 runs of 2026-11-27 were cut off twice at 93 % of the CUDA tests without naming the slow
 ones or the failure)."""
