@@ -47,18 +47,11 @@ def define(name: str, schema: str, kernel: Callable, fake: Callable):
     second time (``importlib.reload``, or a fresh import after its entry left ``sys.modules``),
     keeps the first definition, whose fragment lives as long as anything refers to the first
     module (the dispatcher refuses a second definition of one name)."""
-    if _exists(f"cemlib::{name}"):
-        return getattr(torch.ops.cemlib, name).default
+    existing = getattr(torch.ops.cemlib, name, None)
+    if existing is not None:
+        return existing.default
     LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     for key in ("CPU", "CUDA"):
         LIBRARY.impl(name, kernel, key)
     torch.library.register_fake(f"cemlib::{name}", fake, lib=LIBRARY)
     return getattr(torch.ops.cemlib, name).default
-
-
-def _exists(qualname: str) -> bool:
-    try:
-        torch._C._dispatch_find_schema_or_throw(qualname, "")
-    except RuntimeError:
-        return False
-    return True

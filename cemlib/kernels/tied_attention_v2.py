@@ -96,8 +96,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from cemlib.kernels import direct_launch
-from cemlib.kernels import operators  # the compiled path's operators
+from cemlib.kernels import direct_launch, operators  # operators: the compiled path's
+from cemlib.kernels.ops import _on_device  # Triton launches on the current CUDA device
 from cemlib.kernels.paths import v2_covers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -1554,11 +1554,6 @@ class _TiedAttention(torch.autograd.Function):
         return dq, dkv, None, dalibi, dself, dcross, dqe, dke, None, None
 
 
-def _on_device(t: Tensor):
-    """Launch on ``t``'s GPU (Triton launches on the current CUDA device)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
-
-
 def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
                    k_extra=None, extra_values=False, extra_head_sum=False, atomic_dq=None):
     """The v2 kernels with the contract of :func:`cemlib.kernels.reference.tied_attention`;
@@ -1573,9 +1568,7 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
                          "pairs or values and wider heads go to "
                          "cemlib.kernels.tied_attention_triton (v1)")
     extra_values = bool(extra_values)
-    if torch.compiler.is_compiling():  # the operators launch on q's device themselves
-        return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
-                                    k_extra, extra_values, atomic_dq)
-    with _on_device(q):
+    # (while compiling, the operators launch on q's device themselves)
+    with contextlib.nullcontext() if torch.compiler.is_compiling() else _on_device(q):
         return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
                                     k_extra, extra_values, atomic_dq)
