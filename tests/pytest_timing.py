@@ -6,10 +6,10 @@ With ``CEMLIB_TEST_LOG=<file>`` it also appends a line to that file as each test
 it ends (its call, and a set-up or tear-down that failed or took a second or more), tab-separated:
 seconds since the session started, the pytest-xdist worker, ``start`` or the phase, its outcome
 and seconds, the test, and for a failure the exception's first line and where it was raised.
-Only the controlling process writes, and each line is on disk at once. A run stopped by a time limit then
-still says which tests took the time and which were running (``benchmarks/run_gpu.sh tests``:
-the H100 runs of 2026-11-27 were cut off twice at 93 % of the CUDA tests without naming the slow
-ones or the failure)."""
+Only the controlling process writes, and each line is on disk at once. A run stopped by a time
+limit then still says which tests took the time and which were running
+(``benchmarks/run_gpu.sh tests``: the H100 runs of 2026-11-27 were cut off twice at 93 % of the
+CUDA tests without naming the slow ones or the failure)."""
 
 import os
 import time

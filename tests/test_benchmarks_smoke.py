@@ -5,6 +5,7 @@ Timings from these runs are not results: this only keeps the scripts from rottin
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -638,6 +639,6 @@ def test_the_warm_cache_replays_the_cuda_tests_that_run_gpu_sh_runs():
     exists."""
     warm_cache = _benchmark("warm_cache")
     script = (ROOT / "benchmarks" / "run_gpu.sh").read_text()
-    listed = sorted(set(__import__("re").findall(r"tests/test_\w+\.py", script)))
+    listed = sorted(set(re.findall(r"tests/test_\w+\.py", script)))
     assert sorted(warm_cache.CUDA_TEST_FILES) == [f for f in listed if f != "tests/test_train_cuda.py"]
     assert all((ROOT / f).is_file() for f in listed)
