@@ -1,20 +1,29 @@
 """The stored results under book/results/: complete provenance, and a CPU result re-run from its
 recorded command reproduces its metrics.
 
-Tolerance: on a CPU of the kind that wrote them (the same model name) the re-run is
-bit-identical, and metrics are compared to a relative 1e-3. On another CPU (another BLAS kernel,
-another vector width) the rounding differs from the first step on, and training turns that into
-another sample of the same configuration and seed: measured on the two files that moved most, a
-training loss 3.7 % apart (an Intel Xeon against the AMD EPYC that wrote it) and a token accuracy
-2 of 128 tokens apart. There the re-run must agree to :data:`CROSS_CPU_LOSS_RTOL` on losses and
-:data:`CROSS_CPU_ACC_ATOL` on accuracies, which still catches a changed model, task or optimiser
-(each moves these metrics far more), and the book draws no conclusion from one seed's difference.
+Tolerance: on a CPU of the kind that wrote them (the same model name and the same vector
+instruction set, ``device["capability"]``) the re-run is bit-identical, and metrics are compared to
+a relative 1e-3. On another CPU (another BLAS kernel, another vector width) the rounding differs
+from the first step on, and training turns that into another sample of the same configuration and
+seed: measured on the two files that moved most, a training loss 3.7 % apart (an Intel Xeon against
+the AMD EPYC that wrote it) and a token accuracy 2 of 128 tokens apart. There the re-run must agree
+to :data:`CROSS_CPU_LOSS_RTOL` on losses and :data:`CROSS_CPU_ACC_ATOL` on accuracies, which still
+catches a changed model, task or optimiser (each moves these metrics far more), and the book draws
+no conclusion from one seed's difference.
+
+The name alone does not identify the kernels: on an "AMD EPYC" with AVX2 and no AVX-512 two files
+written on an "AMD EPYC" re-ran 1.0 % and 0.5 % apart in training loss (the Hyper-SET digits run at
+fixed step size 0.5 and the width-16 recurrent GPT on ListOps), where earlier runs of this test
+had passed. Results record the capability since then; a file from before cannot
+say which kernels wrote it, so where its name matches it must agree to 1e-3 or, failing that, to
+the cross-CPU tolerance, with a warning that names the difference.
 """
 
 import json
 import math
 import re
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
@@ -90,11 +99,38 @@ def test_stored_cpu_result_reproduces_from_its_command(path, tmp_path):
         torch.set_num_threads(before)
     fresh = load_results(tmp_path / "results.json")
     assert fresh["num_parameters"] == stored["num_parameters"]
-    same_cpu = fresh["device"]["name"] == stored["device"]["name"]
+    same_cpu = same_cpu_kernels(stored["device"], fresh["device"])
+    moved = []
     for key, value in _final(stored).items():
-        if same_cpu:
-            assert _final(fresh)[key] == pytest.approx(value, rel=RTOL), key
-        elif "acc" in key:
+        if same_cpu is not False and _final(fresh)[key] == pytest.approx(value, rel=RTOL):
+            continue
+        assert same_cpu is not True, f"{key}: {_final(fresh)[key]!r} against {value!r} on the same CPU"
+        if "acc" in key:
             assert _final(fresh)[key] == pytest.approx(value, abs=CROSS_CPU_ACC_ATOL), key
         else:
             assert _final(fresh)[key] == pytest.approx(value, rel=CROSS_CPU_LOSS_RTOL), key
+        if same_cpu is None:
+            moved.append(f"{key} {_final(fresh)[key]:.6g} against {value:.6g}")
+    if moved:
+        warnings.warn(f"{path.relative_to(RESULTS)}: written on a CPU of this name before the vector "
+                      f"capability was recorded; within the cross-CPU tolerance, not 1e-3: "
+                      + "; ".join(moved))
+
+
+def same_cpu_kernels(stored: dict, fresh: dict) -> bool | None:
+    """Whether a re-run ran the CPU kernels of the stored run: True for the same processor name
+    and vector capability, False for another name or capability, None (cannot say) for the same
+    name in a file from before the capability was recorded."""
+    if stored["name"] != fresh["name"]:
+        return False
+    if stored.get("capability") is None:
+        return None
+    return stored["capability"] == fresh.get("capability")
+
+
+def test_same_cpu_kernels():
+    amd = {"type": "cpu", "name": "AMD EPYC", "capability": "AVX2"}
+    assert same_cpu_kernels(amd, dict(amd)) is True
+    assert same_cpu_kernels(amd, {**amd, "capability": "AVX512"}) is False
+    assert same_cpu_kernels(amd, {**amd, "name": "Intel(R) Xeon(R) Processor"}) is False
+    assert same_cpu_kernels({"type": "cpu", "name": "AMD EPYC"}, amd) is None

@@ -33,6 +33,7 @@ def test_cli_run_writes_complete_results(cli_run):
     assert [e["step"] for e in res["curves"]["eval"]] == [0, 2, 4]
     assert res["metrics"]["tokens"] == 4 * res["config"]["train"]["batch_size"] * 64
     assert res["device"]["type"] == "cpu" and res["device"]["label"] == "CPU"
+    assert res["device"]["capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. "AVX2"
     assert res["versions"]["torch"] == torch.__version__
     assert res["metrics"]["flops_source"] == "cemlib.models.params.flops_per_token"
     assert res["metrics"]["mfu"] is None  # no stated peak for a CPU

@@ -82,6 +82,9 @@ def environment_info(device: torch.device, world_size: int = 1) -> tuple[dict, d
            "label": "GPU" if device.type == "cuda" else device.type.upper()}
     if device.type == "cpu":
         dev["threads"] = torch.get_num_threads()
+        # the vector instruction set PyTorch's CPU kernels dispatch to ("AVX512", "AVX2", ...):
+        # processors of one name differ in it, and with it in the rounding of a float32 run
+        dev["capability"] = torch.backends.cpu.get_cpu_capability()
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "numpy": numpy.__version__, "cemlib": cemlib.__version__,
                 "cuda": torch.version.cuda, "platform": sys.platform}
