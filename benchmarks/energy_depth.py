@@ -38,7 +38,7 @@ import torch
 from cemlib.models.probes import ENERGY_MODELS, energy_along_depth
 from cemlib.train import load_checkpoint, load_results, run_experiment
 from cemlib.train.experiments import BENCH_WIDTHS, bench_experiment, build, get_config
-from cemlib.train.results import environment_info, git_commit
+from cemlib.train.results import environment_info, git_commit, same_cpu_kernels
 from cemlib.train.sweep import run_name
 from outputs import RESULTS, add_output_arguments, announce, write_json
 
@@ -46,7 +46,9 @@ SEED = ("train.seed=0",)
 # A re-trained checkpoint is the stored run bit for bit on a CPU of the kind that wrote it. Another CPU
 # (another BLAS) rounds differently and training amplifies it: the re-trained run is then another sample
 # of the same configuration and seed (the final metrics of the benchmark runs moved by 1e-3 on Shakespeare,
-# by 4e-2 to 0.26 on ListOps, Hyper-SET the most). The file records which case it is and by how much.
+# by 4e-2 to 0.26 on ListOps, Hyper-SET the most). The file records which case it is and by how much:
+# ``same_cpu_as_stored`` is cemlib.train.results.same_cpu_kernels (name and vector capability; None
+# where the stored run predates the recorded capability and only the name matches).
 QUANTILES = (0.1, 0.5, 0.9)  # of the step ratio |dx| / |x| over the tokens
 BASELINES = ("llama", "gpt")  # no energy
 
@@ -80,8 +82,9 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
         ref_final = None if ref_run is None else ref_run["metrics"]["final"]
         gap = None if ref_final is None else max(abs(run["metrics"]["final"][k] - v) / abs(v)
                                                   for k, v in ref_final.items())
-        same_cpu = ref_run is not None and ref_run["device"]["name"] == run["device"]["name"]
-        if same_cpu and gap:
+        # True / False / None (the same name, a stored run from before the capability was recorded)
+        same_cpu = None if ref_run is None else same_cpu_kernels(ref_run["device"], run["device"])
+        if same_cpu is True and gap:
             raise SystemExit(f"{experiment}: the checkpoint's run does not reproduce the stored {ref.name} "
                              f"on the same CPU (largest relative difference of a final metric {gap:.1e})")
         model.load_state_dict(load_checkpoint(ckpt)["model"])

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from cemlib.train.__main__ import main
-from cemlib.train.results import load_results
+from cemlib.train.results import load_results, same_cpu_kernels
 
 RESULTS = Path(__file__).resolve().parent.parent / "book" / "results"
 FILES = sorted(p for p in RESULTS.rglob("*.json") if p.name != "summary.json")
@@ -115,22 +115,3 @@ def test_stored_cpu_result_reproduces_from_its_command(path, tmp_path):
         warnings.warn(f"{path.relative_to(RESULTS)}: written on a CPU of this name before the vector "
                       f"capability was recorded; within the cross-CPU tolerance, not 1e-3: "
                       + "; ".join(moved))
-
-
-def same_cpu_kernels(stored: dict, fresh: dict) -> bool | None:
-    """Whether a re-run ran the CPU kernels of the stored run: True for the same processor name
-    and vector capability, False for another name or capability, None (cannot say) for the same
-    name in a file from before the capability was recorded."""
-    if stored["name"] != fresh["name"]:
-        return False
-    if stored.get("capability") is None:
-        return None
-    return stored["capability"] == fresh.get("capability")
-
-
-def test_same_cpu_kernels():
-    amd = {"type": "cpu", "name": "AMD EPYC", "capability": "AVX2"}
-    assert same_cpu_kernels(amd, dict(amd)) is True
-    assert same_cpu_kernels(amd, {**amd, "capability": "AVX512"}) is False
-    assert same_cpu_kernels(amd, {**amd, "name": "Intel(R) Xeon(R) Processor"}) is False
-    assert same_cpu_kernels({"type": "cpu", "name": "AMD EPYC"}, amd) is None

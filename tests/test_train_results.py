@@ -9,7 +9,7 @@ import torch
 
 from cemlib.train.__main__ import main
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
-from cemlib.train.results import ResultsError, load_results, plot_curves, save_results
+from cemlib.train.results import ResultsError, load_results, plot_curves, same_cpu_kernels, save_results
 from cemlib.train.sweep import CEM_LR_GRID, akima_optimum, lr_sweep, plot_sweep
 
 matplotlib.use("Agg")
@@ -142,3 +142,13 @@ def test_paired_difference_resolves_beyond_twice_the_standard_error():
     assert q.n == 3 and q.mean == pytest.approx(0.5) and q.std == pytest.approx(1.0) and not q.resolved
     with pytest.raises(ValueError, match="at least 2"):
         paired_difference([1.0], [2.0])
+
+
+def test_same_cpu_kernels():
+    """The name alone does not identify a CPU's kernels; an entry without the capability cannot say."""
+    amd = {"type": "cpu", "name": "AMD EPYC", "capability": "AVX2"}
+    assert same_cpu_kernels(amd, dict(amd)) is True
+    assert same_cpu_kernels(amd, {**amd, "capability": "AVX512"}) is False
+    assert same_cpu_kernels(amd, {**amd, "name": "Intel(R) Xeon(R) Processor"}) is False
+    assert same_cpu_kernels({"type": "cpu", "name": "AMD EPYC"}, amd) is None
+    assert same_cpu_kernels(amd, {"type": "cpu", "name": "AMD EPYC"}) is None

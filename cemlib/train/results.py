@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SCHEMA", "environment_info", "git_commit", "save_results", "load_results", "plot_curves",
+__all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "save_results", "load_results", "plot_curves",
            "device_name", "ResultsError", "read_json", "SETUP", "setup_differences"]
 
 SCHEMA = "cemlib.train.results/1"
@@ -89,6 +89,19 @@ def environment_info(device: torch.device, world_size: int = 1) -> tuple[dict, d
                 "numpy": numpy.__version__, "cemlib": cemlib.__version__,
                 "cuda": torch.version.cuda, "platform": sys.platform}
     return dev, versions
+
+
+def same_cpu_kernels(stored: dict, fresh: dict) -> bool | None:
+    """Whether two CPU runs' ``device`` entries (:func:`environment_info`) ran the same kernels, so
+    that a float32 run is repeated to the last bit: ``True`` for the same processor name and vector
+    capability, ``False`` for another name or capability, ``None`` (cannot say) for the same name
+    where either entry predates the recorded capability. The name alone does not decide: processors
+    sold under one name ("AMD EPYC") differ in AVX-512."""
+    if stored["name"] != fresh["name"]:
+        return False
+    if stored.get("capability") is None or fresh.get("capability") is None:
+        return None
+    return stored["capability"] == fresh["capability"]
 
 
 def save_results(path: str | Path, results: dict) -> Path:
