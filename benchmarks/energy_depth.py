@@ -82,7 +82,6 @@ def probe(task_name: str, preset: str, runs: Path, stored: Path, n_inputs: int, 
         ref_final = None if ref_run is None else ref_run["metrics"]["final"]
         gap = None if ref_final is None else max(abs(run["metrics"]["final"][k] - v) / abs(v)
                                                   for k, v in ref_final.items())
-        # True / False / None (the same name, a stored run from before the capability was recorded)
         same_cpu = None if ref_run is None else same_cpu_kernels(ref_run["device"], run["device"])
         if same_cpu is True and gap:
             raise SystemExit(f"{experiment}: the checkpoint's run does not reproduce the stored {ref.name} "

@@ -13,10 +13,10 @@ no conclusion from one seed's difference.
 
 The name alone does not identify the kernels: on an "AMD EPYC" with AVX2 and no AVX-512 two files
 written on an "AMD EPYC" re-ran 1.0 % and 0.5 % apart in training loss (the Hyper-SET digits run at
-fixed step size 0.5 and the width-16 recurrent GPT on ListOps), where earlier runs of this test
-had passed. Results record the capability since then; a file from before cannot
-say which kernels wrote it, so where its name matches it must agree to 1e-3 or, failing that, to
-the cross-CPU tolerance, with a warning that names the difference.
+fixed step size 0.5 and the width-16 recurrent GPT on ListOps), where earlier runs of this test had
+passed. Results record the capability since then; a file from before cannot say which kernels
+wrote it, so where its name matches it must agree to 1e-3 or, failing that, to the cross-CPU
+tolerance, with a warning that names the difference.
 """
 
 import json
@@ -100,17 +100,17 @@ def test_stored_cpu_result_reproduces_from_its_command(path, tmp_path):
     fresh = load_results(tmp_path / "results.json")
     assert fresh["num_parameters"] == stored["num_parameters"]
     same_cpu = same_cpu_kernels(stored["device"], fresh["device"])
-    moved = []
+    got, moved = _final(fresh), []
     for key, value in _final(stored).items():
-        if same_cpu is not False and _final(fresh)[key] == pytest.approx(value, rel=RTOL):
+        if same_cpu is not False and got[key] == pytest.approx(value, rel=RTOL):
             continue
-        assert same_cpu is not True, f"{key}: {_final(fresh)[key]!r} against {value!r} on the same CPU"
+        assert same_cpu is not True, f"{key}: {got[key]!r} against {value!r} on the same CPU"
         if "acc" in key:
-            assert _final(fresh)[key] == pytest.approx(value, abs=CROSS_CPU_ACC_ATOL), key
+            assert got[key] == pytest.approx(value, abs=CROSS_CPU_ACC_ATOL), key
         else:
-            assert _final(fresh)[key] == pytest.approx(value, rel=CROSS_CPU_LOSS_RTOL), key
+            assert got[key] == pytest.approx(value, rel=CROSS_CPU_LOSS_RTOL), key
         if same_cpu is None:
-            moved.append(f"{key} {_final(fresh)[key]:.6g} against {value:.6g}")
+            moved.append(f"{key} {got[key]:.6g} against {value:.6g}")
     if moved:
         warnings.warn(f"{path.relative_to(RESULTS)}: written on a CPU of this name before the vector "
                       f"capability was recorded; within the cross-CPU tolerance, not 1e-3: "

@@ -9,7 +9,8 @@ import torch
 
 from cemlib.train.__main__ import main
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
-from cemlib.train.results import ResultsError, load_results, plot_curves, same_cpu_kernels, save_results
+from cemlib.train.results import (ResultsError, load_results, plot_curves, same_cpu_kernels,
+                                  save_results)
 from cemlib.train.sweep import CEM_LR_GRID, akima_optimum, lr_sweep, plot_sweep
 
 matplotlib.use("Agg")
@@ -145,7 +146,7 @@ def test_paired_difference_resolves_beyond_twice_the_standard_error():
 
 
 def test_same_cpu_kernels():
-    """The name alone does not identify a CPU's kernels; an entry without the capability cannot say."""
+    """The name alone does not identify the kernels; an entry without a capability cannot say."""
     amd = {"type": "cpu", "name": "AMD EPYC", "capability": "AVX2"}
     assert same_cpu_kernels(amd, dict(amd)) is True
     assert same_cpu_kernels(amd, {**amd, "capability": "AVX512"}) is False

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "save_results", "load_results", "plot_curves",
-           "device_name", "ResultsError", "read_json", "SETUP", "setup_differences"]
+__all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "save_results", "load_results",
+           "plot_curves", "device_name", "ResultsError", "read_json", "SETUP", "setup_differences"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
