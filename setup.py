@@ -1,7 +1,7 @@
 """Packaging hook: ship the book's stored results inside the wheel (everything else is in pyproject.toml).
 
 A chapter opened alone (Colab opens one notebook, no repository around it) reads its stored
-results through :func:`cemlib.stored.stored_path`, which falls back to copies inside the
+results through :func:`cemlib.evidence.stored.stored_path`, which falls back to copies inside the
 installed package. ``build_py`` copies the repository paths of ``STORED`` to ``cemlib/_stored/``
 in the build tree, so a wheel (and ``pip install git+URL@REF``) carries the results written for
 that ref. An editable install reads the repository's own folders and gets no copy.
@@ -15,8 +15,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-# keep in step with cemlib.stored.SHIPPED
-STORED = ("book/results", "benchmarks/results", "benchmarks/compile_kernels.py", "benchmarks/outputs.py")
+# keep in step with cemlib.evidence.stored.SHIPPED
+STORED = ("book/results", "benchmarks/results")
 
 
 class build_py_with_stored_results(build_py):

@@ -82,11 +82,11 @@ def _ch09():
 
 
 def _ch10():
-    from cemlib.stored import stored_path
-    from cemlib.train.sweep import load_sweep
+    from cemlib.evidence.stored import stored_path
+    from cemlib.train.results import load_runs
     from cemlib.viz.benchmark import bench_explorer
     results = stored_path("book/results")
-    sweeps = {t: load_sweep(results / f"bench_{t}_cpu") for t in ("shakespeare", "listops")}
+    sweeps = {t: load_runs(results / f"bench_{t}_cpu", by="model") for t in ("shakespeare", "listops")}
     e = bench_explorer(sweeps, {"shakespeare": ["val_loss", "train_loss"],
                                 "listops": ["test_accuracy", "val_accuracy", "val_loss", "train_loss"]})
     return e, [("zoom", [0.5, 0.0, 0.3]), ("seeds", ["all", "mean", "band"]), ("metric", ["train_loss", "val_loss"])]

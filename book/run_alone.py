@@ -6,7 +6,7 @@ torch, ipywidgets, nbval come from the system; cemlib comes from the wheel, whic
 the notebook **alone** into an empty folder outside the repository, and run it there under nbval
 in strict mode, exactly as CI runs the chapters (the outputs must equal the committed ones). A last
 cell, appended to the copy, asserts that the kernel imported cemlib from the wheel. The stored
-results a chapter reads must therefore come through :func:`cemlib.stored.stored_path`, from the
+results a chapter reads must therefore come through :func:`cemlib.evidence.stored.stored_path`, from the
 copy shipped in the wheel.
 
     python book/run_alone.py book/ch05_cem_transformer.ipynb book/ch10_four_energies_benchmark.ipynb

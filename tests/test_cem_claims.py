@@ -1,4 +1,4 @@
-"""The CEM paper's language-model claims (cemlib.train.cem_claims) and the setup check of two runs
+"""The CEM paper's language-model claims (cemlib.evidence.cem_claims) and the setup check of two runs
 (cemlib.train.results.setup_differences) that chapters 2, 3 and 5 use."""
 
 import copy
@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from cemlib.train import cem_claims as cc
+from cemlib.evidence import cem_claims as cc
 from cemlib.train.results import load_results, setup_differences
-from cemlib.train.verdict import (AGREE, DISAGREE, MIN_SEEDS, UNRESOLVED, decide, decide_exact, load_runs,
-                                  seed_values, tally)
+from cemlib.evidence.verdict import (AGREE, DISAGREE, UNRESOLVED, decide, decide_exact,
+                                     seed_values, tally)
+from cemlib.evidence.stats import MIN_SEEDS
+from cemlib.train.results import load_runs
 
 BLOCKS = Path(__file__).resolve().parent.parent / "book" / "results" / "shakespeare_blocks_cpu"
 

@@ -1,4 +1,4 @@
-"""Chance baselines (cemlib.train.chance): the trivial predictor of each task kind, scored by the
+"""Chance baselines (cemlib.evidence.chance): the trivial predictor of each task kind, scored by the
 task's own whole-split evaluation, against the value computed by hand."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from cemlib.train.chance import MarginalPredictor, chance_level, chance_metrics
+from cemlib.evidence.chance import MarginalPredictor, chance_level, chance_metrics
 from cemlib.train.data import TokenBatches
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask, RegressionTask,
                                 TokenClassificationTask)

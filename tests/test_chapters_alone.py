@@ -3,7 +3,7 @@
 The long test, opt-in (``CEMLIB_TEST_ALONE=1``): a wheel of this checkout in a fresh venv, and each
 chapter that reads stored results run under nbval from an empty folder outside the repository. A
 chapter that still reads them by a path next to the notebook is expected to fail (strict xfail:
-once it uses ``cemlib.stored.stored_path`` the mark goes away by itself). The fast tests always run.
+once it uses ``cemlib.evidence.stored.stored_path`` the mark goes away by itself). The fast tests always run.
 """
 
 import os

@@ -1,4 +1,4 @@
-"""The errata registry (``cemlib.errata``) and the appendix page that renders and proves it
+"""The errata registry (``cemlib.evidence.errata``) and the appendix page that renders and proves it
 (``book/errata.ipynb``) agree: every entry is well formed, names a paper of the bibliography, cites
 unit tests and chapters that exist, and every entry with computable evidence is proved by a cell of
 the appendix (a ``proved("<id>")`` call), so an entry cannot be added without its proof."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from cemlib import errata
-from cemlib.errata import ERRATA, EVIDENCE, PAPERS, STATUS
+from cemlib.evidence import errata
+from cemlib.evidence.errata import ERRATA, EVIDENCE, PAPERS, STATUS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "book" / "errata.ipynb"

@@ -1,6 +1,6 @@
 """The gpu presets and what prepares their GPU runs, on the CPU: the budget (cemlib.train.budget), the
 campaign (cemlib.train.campaign), the import (cemlib.train.import_results) and the chapters' GPU
-tables (cemlib.train.gpu_results)."""
+tables (cemlib.evidence.tables)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from cemlib.train.budget import (FAMILIES, H100_PEAK_TFLOPS, STARTUP_S, TRAINER_
 from cemlib.train.campaign import PLAN, Run, dry_overrides, plan_runs, run_campaign
 from cemlib.train.config import ConfigError
 from cemlib.train.experiments import EXPERIMENTS, get_config, run_experiment
-from cemlib.train.gpu_results import NOT_RUN, Row, best_evaluation, final_metric, gpu_results_table
+from cemlib.evidence.tables import (NOT_RUN, Row, best_evaluation, final_metric,
+                                    gpu_results_table)
 from cemlib.train.import_results import check_results, import_campaign
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -344,7 +345,7 @@ def test_gpu_results_table_finds_the_stored_results_from_any_folder(tmp_path, mo
     """A chapter opened alone (working directory without the repository) names its folders as
     ``results/<folder>``: the CPU folder is found among the stored results, and a GPU folder that no
     campaign made yet gives "not yet run" instead of an error."""
-    from cemlib.train.gpu_results import Row, gpu_results_table
+    from cemlib.evidence.tables import Row, gpu_results_table
     monkeypatch.chdir(tmp_path)
     table = gpu_results_table("results/no_such_gpu_folder", [Row("Llama", "shakespeare-llama")],
                               cpu="results/shakespeare_blocks_cpu")

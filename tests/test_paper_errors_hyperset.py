@@ -1,7 +1,7 @@
 """Hyper-SET paper errors (Hu et al. 2025, arXiv:2502.11646) that no other test file shows, each
 checked in float64.
 
-The full list of items, and which test shows each one, is the registry ``cemlib.errata``, rendered
+The full list of items, and which test shows each one, is the registry ``cemlib.evidence.errata``, rendered
 and proved by the book's appendix ``book/errata.ipynb``.
 Here: the radius of Assumption 2 vs eq. (4), the vMF alignment term (eq. 15) vs eq. (5), the 1/2 of
 the dense associative memory (App. B), feasibility of the constraints of eq. (6), the sign of the

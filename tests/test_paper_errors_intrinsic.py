@@ -1,7 +1,7 @@
 """Paper errors of "Transformers as intrinsic optimizers" (Anonymous, ICLR 2026 submission)
 that no other test file shows, each checked in float64.
 
-The full list of items, and which test shows each one, is the registry ``cemlib.errata``, rendered
+The full list of items, and which test shows each one, is the registry ``cemlib.evidence.errata``, rendered
 and proved by the book's appendix ``book/errata.ipynb``.
 Here: footnote 3 (random features), the loop-transformer energy of Alg. 2 / eq. (15), the
 under-brace of eq. (7), "non-convex" vs never concave, eq. (8) has no momentum, the untied

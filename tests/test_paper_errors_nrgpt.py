@@ -1,6 +1,6 @@
 """NRGPT paper errors (Dehmamy et al. 2025) that no other test file shows, each checked in float64.
 
-The full list of items, and which test shows each one, is the registry ``cemlib.errata``, rendered
+The full list of items, and which test shows each one, is the registry ``cemlib.evidence.errata``, rendered
 and proved by the book's appendix ``book/errata.ipynb``.
 Here: the literal strict-mask energy of the first token (eq. 3), the ``log(A-1)`` of eqs. (42)-(43),
 the App. E.2 norm and sign slips and the FF bound (48), the "< 0" of Prop. 2.1 (it is "<= 0"),

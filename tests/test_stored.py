@@ -1,4 +1,4 @@
-"""cemlib.stored finds the stored results in a checkout or in the installed package, and a wheel
+"""cemlib.evidence.stored finds the stored results in a checkout or in the installed package, and a wheel
 carries them (so that a chapter opened alone, as Colab opens it, finds them)."""
 
 import ast
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import cemlib.stored as stored
-from cemlib.stored import SHIPPED, stored_path
+import cemlib.evidence.stored as stored
+from cemlib.evidence.stored import SHIPPED, stored_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,4 +78,4 @@ def test_the_wheel_carries_every_stored_file(tmp_path):
         files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
         expected |= {f"cemlib/_stored/{p.relative_to(ROOT).as_posix()}" for p in files}
     assert expected and expected <= names, sorted(expected - names)[:10]
-    assert "cemlib/stored.py" in names and not any(n.startswith(("book/", "benchmarks/", "tests/")) for n in names)
+    assert "cemlib/evidence/stored.py" in names and not any(n.startswith(("book/", "benchmarks/", "tests/")) for n in names)

@@ -15,11 +15,11 @@ import pytest
 
 import cemlib.train.checkpoint as ckpt_mod
 import cemlib.train.experiments as experiments
-import cemlib.train.sweep as sweep
+import cemlib.train.grid as sweep
 from cemlib.train.__main__ import main
 from cemlib.train.checkpoint import atomic_write_bytes, remove_stale_tmp
 from cemlib.train.results import load_results
-from cemlib.train.sweep import grid_sweep, plan_grid
+from cemlib.train.grid import grid_sweep, plan_grid
 from cemlib.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parent.parent

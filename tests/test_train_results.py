@@ -11,7 +11,7 @@ from cemlib.train.__main__ import main
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.results import (ResultsError, load_results, plot_curves, same_cpu_kernels,
                                   save_results)
-from cemlib.train.sweep import CEM_LR_GRID, akima_optimum, lr_sweep, plot_sweep
+from cemlib.evidence.lr_search import CEM_LR_GRID, akima_optimum, lr_sweep, plot_sweep
 
 matplotlib.use("Agg")
 
@@ -102,8 +102,8 @@ def test_mfu_and_peaks():
 
 
 def test_sweep_experiment_trains_each_lr(monkeypatch):
-    import cemlib.train.experiments as ex
-    from cemlib.train.sweep import sweep_experiment
+    import cemlib.evidence.lr_search as ex
+    from cemlib.evidence.lr_search import sweep_experiment
     seen = []
     real = ex.run_experiment
 
@@ -135,14 +135,16 @@ def test_device_name_is_the_gpu_name_or_the_device_type():
     assert device_name({"device": {"type": "cpu", "name": "AMD EPYC"}}) == "CPU"
 
 
-def test_paired_difference_resolves_beyond_twice_the_standard_error():
-    from cemlib.train.sweep import paired_difference
-    p = paired_difference([2.0, 2.1, 2.2], [1.9, 2.0, 2.1])          # the same difference at every seed
-    assert p.mean == pytest.approx(0.1) and p.std == pytest.approx(0.0, abs=1e-12) and p.resolved
-    q = paired_difference([1.0, 2.0, 3.0], [1.5, 1.5, 1.5])           # mean 0.5, std 1, SE 0.577
-    assert q.n == 3 and q.mean == pytest.approx(0.5) and q.std == pytest.approx(1.0) and not q.resolved
-    with pytest.raises(ValueError, match="at least 2"):
-        paired_difference([1.0], [2.0])
+def test_paired_differences_of_two_models_run_with_the_same_seeds():
+    """The per-seed differences a[s] - b[s]: the same difference at every seed has no spread."""
+    from cemlib.evidence.stats import paired
+    p = paired([2.0, 2.1, 2.2], [1.9, 2.0, 2.1])
+    assert p.mean == pytest.approx(0.1) and p.std == pytest.approx(0.0, abs=1e-12) and p.n == 3
+    q = paired([1.0, 2.0, 3.0], [1.5, 1.5, 1.5])                     # mean 0.5, std 1
+    assert q.n == 3 and q.mean == pytest.approx(0.5) and q.std == pytest.approx(1.0)
+    assert q.low < 0 < q.high                                         # t(0.975, 2) * 1 / sqrt(3) = 2.48
+    with pytest.raises(ValueError, match="at least"):
+        paired([1.0], [2.0])
 
 
 def test_same_cpu_kernels():

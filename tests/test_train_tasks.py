@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from cemlib.train import (EXPERIMENTS, ConfigError, ExperimentConfig, OptimConfig, TrainConfig, Trainer,
-                          get_config, run_experiment)
+from cemlib.train import (EXPERIMENTS, ConfigError, ExperimentConfig, OptimConfig,
+                          TrainConfig, Trainer, get_config, run_experiment)
 from cemlib.train.config import resolve_precision
 from cemlib.train.experiments import build
-from cemlib.train.sweep import grid_runs, grid_sweep, run_name, summary_markdown
+from cemlib.train.grid import grid_runs, grid_sweep, run_name, summary_markdown
 from cemlib.train.task_data import load_cifar10, make_task, split_off
 from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, RegressionTask, TaskDataError,
                                 TokenClassificationTask)

@@ -1,4 +1,4 @@
-"""The book's verdict rule (cemlib.train.verdict): every branch, and each branch flips when the data flip."""
+"""The book's verdict rule (cemlib.evidence.verdict): every branch, and each branch flips when the data flip."""
 
 import math
 from pathlib import Path
@@ -6,10 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cemlib.train.verdict import (AGREE, DISAGREE, MIN_SEEDS, NOT_TESTABLE, UNRESOLVED, Chance, Claim,
-                                  claims_table, compare, decide, decide_exact, not_testable, paired, per_seed_optimum,
-                                  sampling_margin, seed_values, t_interval, t_quantile, tally,
-                                  whole_split_value)
+from cemlib.evidence.verdict import (AGREE, DISAGREE, NOT_TESTABLE, UNRESOLVED, Chance,
+                                     Claim, claims_table, decide, decide_exact,
+                                     not_testable, seed_values, tally,
+                                     whole_split_value)
+from cemlib.evidence.stats import (MIN_SEEDS, compare, paired, sampling_margin,
+                                   t_interval, t_quantile)
+from cemlib.evidence.lr_search import per_seed_optimum
 
 WHY = "fixed before the run"
 
@@ -266,7 +269,7 @@ def test_claims_table_rows_markdown_html_and_tally():
 
 def test_load_runs_keys_experiments_and_grid_points_apart(tmp_path):
     from cemlib.train.results import save_results
-    from cemlib.train.verdict import load_runs
+    from cemlib.train.results import load_runs
 
     def res(exp, seed, ovr=()):
         r = _lm_run(seed, 1.8 + seed / 10)
@@ -289,7 +292,7 @@ def test_load_runs_keys_experiments_and_grid_points_apart(tmp_path):
 
 
 def test_hand_made_verdicts_are_found_and_the_rules_are_not():
-    from cemlib.train.verdict import hand_made_verdicts
+    from cemlib.evidence.verdict import hand_made_verdicts
     bad = """
 verdict = "agree" if delta <= small else "disagree"
 print(f"{'agree' if ok else 'disagree'}")
@@ -318,7 +321,7 @@ def test_no_chapter_writes_a_verdict_by_hand(path):
     "agree", "disagree", "not resolvable", ... itself (:func:`hand_made_verdicts`)."""
     import nbformat
 
-    from cemlib.train.verdict import hand_made_verdicts
+    from cemlib.evidence.verdict import hand_made_verdicts
     nb = nbformat.read(path, as_version=4)
     found = [(i, line, text) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
              for line, text in hand_made_verdicts(cell.source)]

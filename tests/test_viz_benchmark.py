@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from cemlib.train.experiments import BENCH_WIDTHS  # noqa: E402
-from cemlib.train.sweep import load_sweep  # noqa: E402
+from cemlib.train.results import load_runs  # noqa: E402
 from cemlib.viz import benchmark as V  # noqa: E402
 
 LISTOPS = Path(__file__).resolve().parent.parent / "book" / "results" / "bench_listops_cpu"
@@ -19,7 +19,7 @@ LISTOPS = Path(__file__).resolve().parent.parent / "book" / "results" / "bench_l
 
 @pytest.fixture(scope="module")
 def sweep():
-    return load_sweep(LISTOPS)
+    return load_runs(LISTOPS, by="model")
 
 
 def _stored_seeds(model: str) -> list[int]:
@@ -34,7 +34,7 @@ def test_load_sweep_groups_runs_by_model_and_seed(sweep, tmp_path):
         assert [r["config"]["train"]["seed"] for r in runs] == _stored_seeds(m)       # sorted by seed
         assert all(r["experiment"] == f"bench-listops-{m}" for r in runs)
     with pytest.raises(FileNotFoundError):
-        load_sweep(tmp_path)
+        load_runs(tmp_path, by="model")
 
 
 def test_sweep_curves_end_at_the_final_metrics(sweep):

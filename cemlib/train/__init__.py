@@ -10,10 +10,10 @@
   gradient accumulation, periodic evaluation with the task's metrics, exact resume, NaN/Inf
   detection, DDP/FSDP under ``torchrun``;
 - :mod:`~cemlib.train.results` -- results JSON (config, curves, device, versions, commit, command),
-  loader and plot helper; :mod:`~cemlib.train.sweep` -- learning-rate sweeps with Akima
-  interpolation of the optimum (CEM Fig. 3a/5) and grids of experiments x overrides x seeds with
-  a mean ± std summary (:func:`grid_sweep`); :mod:`~cemlib.train.runs` -- run identity (a hash of
-  the resolved config), run folders that never mix two runs, one writer per folder.
+  loaders (:func:`load_results`, :func:`load_runs`) and a plot helper; :mod:`~cemlib.train.grid`
+  -- grids of experiments x overrides x seeds with a mean ± std summary (:func:`grid_sweep`);
+  :mod:`~cemlib.train.runs` -- run identity (a hash of the resolved config), run folders that never
+  mix two runs, one writer per folder.
 """
 
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -23,10 +23,9 @@ from cemlib.train.distributed import DistInfo, init_distributed
 from cemlib.train.experiments import (EXPERIMENTS, Experiment, build, get_config, register, run_config,
                                       run_experiment)
 from cemlib.train.flops import measure_peak_flops, mfu, stated_peak_tflops
-from cemlib.train.results import load_results, plot_curves, save_results
+from cemlib.train.grid import grid_sweep, summarize_runs
+from cemlib.train.results import device_name, load_results, load_runs, plot_curves, save_results
 from cemlib.train.runs import RunFolderError, run_id
-from cemlib.train.sweep import (CEM_LR_GRID, akima_optimum, grid_sweep, lr_sweep, plot_sweep, summarize_runs,
-                                sweep_experiment)
 from cemlib.train.task_data import TASKS, make_task
 from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, LanguageModelTask, RegressionTask,
                                 Task, TaskDataError, TokenClassificationTask)
@@ -35,8 +34,8 @@ from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted, l
 __all__ = ["run_experiment", "run_config", "RunFolderError", "run_id", "get_config", "build", "register", "Experiment", "EXPERIMENTS",
            "ExperimentConfig", "OptimConfig", "TrainConfig", "DataConfig", "ConfigError", "Trainer",
            "NonFiniteError", "TrainingInterrupted", "lm_loss", "TokenBatches", "CheckpointError", "load_checkpoint",
-           "save_checkpoint", "load_results", "save_results", "plot_curves", "akima_optimum", "lr_sweep",
-           "sweep_experiment", "plot_sweep", "CEM_LR_GRID", "mfu", "stated_peak_tflops",
+           "save_checkpoint", "load_results", "load_runs", "device_name", "save_results", "plot_curves",
+           "mfu", "stated_peak_tflops",
            "measure_peak_flops", "init_distributed", "DistInfo", "grid_sweep", "summarize_runs", "TASKS",
            "make_task", "Task", "TaskDataError", "ExampleBatches", "LanguageModelTask", "AnswerTask",
            "RegressionTask", "TokenClassificationTask", "ClassificationTask"]

@@ -273,7 +273,7 @@ def _main(argv: list[str] | None, started_at: float, started_from: str) -> int:
 
 
 def _grid(args, experiments, preset, grid, seeds, overrides) -> int:
-    from cemlib.train.sweep import grid_size, grid_sweep, plan_grid
+    from cemlib.train.grid import grid_size, grid_sweep, plan_grid
     if args.resume:
         raise ConfigError("--resume continues one run; to continue a grid, run the same grid command "
                           "again (finished runs are skipped, unfinished ones resume)")

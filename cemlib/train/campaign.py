@@ -67,8 +67,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        """The file-name stem, as :func:`cemlib.train.sweep.run_name` names a grid's runs."""
-        from cemlib.train.sweep import run_name
+        """The file-name stem, as :func:`cemlib.train.grid.run_name` names a grid's runs."""
+        from cemlib.train.grid import run_name
         return run_name(self.experiment, [], self.seed)
 
     @property

@@ -632,7 +632,7 @@ for _suffix, _model, _what in _LIS_MODELS:
 # The same four models where greedy decoding learns on a CPU (the hard settings above stay for the
 # gpu presets): L = 5 and 1200 steps at lr 3e-3. With the lis-* cpu preset (L = 10, 600 steps) the
 # models predict the answer after the true chain but generate dp_i = i, below the trivial
-# predictor's 29 % (the most frequent answer, cemlib.train.chance); here they pass it after a few
+# predictor's 29 % (the most frequent answer, cemlib.evidence.chance); here they pass it after a few
 # hundred steps. cpu preset only.
 def _cpu_only(name: str, data: str, cpu: dict) -> dict:
     """Only a ``cpu`` preset (a setting sized for a CPU, with no GPU counterpart)."""

@@ -159,7 +159,7 @@ def import_campaign(source: str | Path, dest: str | Path = "book/results", repo:
     """Check every results file of ``source`` and copy the accepted ones into ``dest/<folder>/``
     (unless ``check_only``); returns every file's :class:`Checked`."""
     from cemlib.train.results import load_results
-    from cemlib.train.sweep import summarize_runs, summary_markdown
+    from cemlib.train.grid import summarize_runs, summary_markdown
     files, log = read_campaign(source)
     checked = [check_results(f, raw, None if repo is None else Path(repo), plan) for f, raw in files.items()]
     if check_only:

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "save_results", "load_results",
-           "plot_curves", "device_name", "ResultsError", "read_json", "SETUP", "setup_differences"]
+           "plot_curves", "device_name", "ResultsError", "read_json", "SETUP", "setup_differences",
+           "load_runs"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
@@ -144,6 +145,38 @@ def load_results(path: str | Path) -> dict:
     if missing:
         raise ResultsError(f"results file {path.name!r} lacks the fields {missing}")
     return data
+
+
+def load_runs(*folders, by: str = "experiment", complete_only: bool = True) -> dict[str, list[dict]]:
+    """The stored runs of one or more folders of results files, ``{key: [results ordered by seed]}``.
+
+    ``by="experiment"`` keys a run by its experiment name followed by its grid overrides, if any
+    (``"gp-cem-t2 task.kernel=rbf"``), so two experiments never share a key; ``by="model"`` keys it
+    by the last ``-``-separated part of the experiment name (chapter 10's ``bench-listops-cem`` ->
+    ``cem``), for a folder holding one experiment per model. ``summary.json`` is skipped, and so
+    (``complete_only``) is a run whose ``status`` says it did not finish. Raises
+    ``FileNotFoundError`` for a folder without results files."""
+    if by not in ("experiment", "model"):
+        raise ValueError(f"by must be 'experiment' or 'model', got {by!r}")
+    if not folders:
+        raise ValueError("name at least one folder of results files")
+    out: dict[str, list[dict]] = {}
+    for folder in folders:
+        files = sorted(p for p in Path(folder).rglob("*.json") if p.name != "summary.json")
+        if not files:
+            raise FileNotFoundError(f"no results files in {folder}")
+        for path in files:
+            r = load_results(path)
+            if complete_only and r.get("status", "complete") != "complete":
+                continue
+            if by == "model":
+                key = r["experiment"].rsplit("-", 1)[-1]
+            else:
+                key = " ".join([r["experiment"], *((r.get("sweep") or {}).get("overrides") or [])])
+            out.setdefault(key, []).append(r)
+    for runs in out.values():
+        runs.sort(key=lambda r: r["config"]["train"]["seed"])
+    return out
 
 
 def device_name(res: dict) -> str:

@@ -139,10 +139,10 @@ def name_max(folder: str | Path) -> int:
 
 
 def grid_stem(experiment: str, preset: str, overrides, seed: int, cfg, limit: int = 200) -> str:
-    """File stem of a grid run: :func:`~cemlib.train.sweep.run_name` (experiment, grid values,
+    """File stem of a grid run: :func:`~cemlib.train.grid.run_name` (experiment, grid values,
     seed), then ``__<preset>-<run id>``. If that is longer than ``limit`` characters, the grid values
     are shortened (ending in ``~``); the run id still tells runs apart."""
-    from cemlib.train.sweep import run_name
+    from cemlib.train.grid import run_name
     tail = f"__{preset}-{run_id(cfg)}"
     stem = run_name(experiment, overrides, seed) + tail
     if len(stem.encode()) <= limit:

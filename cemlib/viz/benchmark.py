@@ -1,7 +1,7 @@
 """Figures of chapter 10's benchmark: learning curves of a stored sweep, cost against quality, the
 energy of each trained model along its depth, and a live explorer of the curves.
 
-A *sweep* is what :func:`cemlib.train.sweep.load_sweep` reads from a folder of stored results files (one per model and
+A *sweep* is what :func:`cemlib.train.results.load_runs` (``by="model"``) reads from a folder of stored results files (one per model and
 seed, as ``python -m cemlib.train ... --seeds 0,1,2 --out FOLDER`` writes them): a dict from the
 model's key (``"cem"``, ``"nrgpt"``, ...: the last part of the experiment's name) to its runs,
 ordered by seed. The explorer (:func:`bench_explorer`) needs a running kernel; its static companion

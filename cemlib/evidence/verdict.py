@@ -33,7 +33,7 @@ Every table in the book that puts a paper's claim next to our measurement takes 
    t-test at level 2.5 %; the equivalence decision is the two one-sided tests (TOST) at the same
    level. ``threshold = 0`` makes a directional claim a plain test of the sign.
 5. **Not testable at this budget** when a model compared has not learned the task: its metric does
-   not beat the trivial predictor of the task (:mod:`cemlib.train.chance`) by at least a tenth of
+   not beat the trivial predictor of the task (:mod:`cemlib.evidence.chance`) by at least a tenth of
    the gap to a perfect score, at the interval's lower end (:class:`Chance`).
 6. **Seeds.** One seed illustrates, never decides: the rule refuses ``n < 2`` (a spread needs two
    values). A verdict from fewer than :data:`MIN_SEEDS` = 5 seeds is marked *provisional*: with 2-4
@@ -52,91 +52,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy import stats
+from cemlib.evidence.stats import LEVEL, MIN_SEEDS, Estimate, _by_seed, paired, t_interval
 
-__all__ = ["LEVEL", "MIN_SEEDS", "KINDS", "VERDICTS", "Claim", "Estimate", "Chance", "Verdict",
-           "Comparison", "t_quantile", "t_interval", "paired", "decide", "decide_exact", "not_testable", "compare",
-           "whole_split_value", "seed_values", "per_seed_optimum", "ClaimsTable", "claims_table",
-           "tally", "sampling_margin", "load_runs", "hand_made_verdicts", "PairedDifference", "paired_difference"]
-
-LEVEL = 0.95
-MIN_SEEDS = 5
+__all__ = ["KINDS", "VERDICTS", "Claim", "Chance", "Verdict", "decide", "decide_exact",
+           "not_testable", "whole_split_value", "seed_values", "ClaimsTable", "claims_table", "tally",
+           "hand_made_verdicts"]
 KINDS = ("lower", "higher", "not higher", "not lower", "equivalent")
 AGREE, DISAGREE, UNRESOLVED, NOT_TESTABLE = "agree", "disagree", "unresolved", "not testable at this budget"
 VERDICTS = (AGREE, DISAGREE, UNRESOLVED, NOT_TESTABLE)
-
-
-# ------------------------------------------------------------------------------ the interval
-def t_quantile(n: int, level: float = LEVEL) -> float:
-    """The two-sided Student-t quantile ``t_{(1 + level)/2, n - 1}`` for ``n`` values."""
-    if n < 2:
-        raise ValueError(f"a t quantile needs n >= 2 values (n - 1 >= 1 degrees of freedom), got n = {n}")
-    return float(stats.t.ppf(0.5 + level / 2, n - 1))
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Mean, sample standard deviation and two-sided ``level`` t-interval ``[low, high]`` of ``n``
-    values (per-seed differences, or per-seed values of one quantity)."""
-
-    mean: float
-    std: float
-    n: int
-    low: float
-    high: float
-    level: float = LEVEL
-
-    @property
-    def half_width(self) -> float:
-        return (self.high - self.low) / 2
-
-    def __str__(self) -> str:
-        return f"{self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}]"
-
-
-def _one_seed_refusal(n: int) -> ValueError:
-    return ValueError(f"got {n} value(s): one seed illustrates, never decides. A verdict needs at least "
-                      f"2 seeds per model (a spread to compare the difference with), and the book asks "
-                      f"for {MIN_SEEDS}")
-
-
-def t_interval(values, level: float = LEVEL) -> Estimate:
-    """The ``level`` t-interval of the mean of ``values`` (1-D, finite, at least 2)."""
-    v = np.asarray(values, dtype=float)
-    if v.ndim != 1:
-        raise ValueError(f"values must be one-dimensional, got shape {v.shape}")
-    if len(v) < 2:
-        raise _one_seed_refusal(len(v))
-    if not np.isfinite(v).all():
-        raise ValueError(f"values must be finite (a diverged run is reported, not averaged): {v.tolist()}")
-    mean, std = float(v.mean()), float(v.std(ddof=1))
-    half = t_quantile(len(v), level) * std / math.sqrt(len(v))
-    return Estimate(mean, std, len(v), mean - half, mean + half, level)
-
-
-def _by_seed(values, name: str) -> dict[int, float]:
-    if isinstance(values, Mapping):
-        return {int(k): float(v) for k, v in values.items()}
-    raise TypeError(f"{name} must map seed -> value (use seed_values(runs, ...)), got {type(values).__name__}")
-
-
-def paired(a, b, level: float = LEVEL) -> Estimate:
-    """The t-interval of the per-seed differences ``a[s] - b[s]``; ``a`` and ``b`` map seed -> value
-    and must hold the same seeds (a sequence pair is read as seeds ``0, 1, ...``)."""
-    if not isinstance(a, Mapping) and not isinstance(b, Mapping):
-        a, b = list(a), list(b)
-        if len(a) != len(b):
-            raise ValueError(f"unequal numbers of seeds: {len(a)} and {len(b)}; a comparison pairs run s "
-                             f"of one model with run s of the other")
-        a, b = dict(enumerate(a)), dict(enumerate(b))
-    a, b = _by_seed(a, "a"), _by_seed(b, "b")
-    if set(a) != set(b):
-        raise ValueError(f"unequal seeds: {sorted(a)} and {sorted(b)} (only in the first: "
-                         f"{sorted(set(a) - set(b))}, only in the second: {sorted(set(b) - set(a))}); "
-                         f"pairing needs the same seeds for both models")
-    seeds = sorted(a)
-    return t_interval([a[s] - b[s] for s in seeds], level)
 
 
 # ------------------------------------------------------------------------------ claims and chance
@@ -201,7 +124,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Chance:
-    """What the trivial predictor of a task scores on a metric (:func:`cemlib.train.chance.chance_level`),
+    """What the trivial predictor of a task scores on a metric (:func:`cemlib.evidence.chance.chance_level`),
     and whether a model has *learned* the task: the lower end of the 95 % interval of its gain,
     ``(metric - value) / (perfect - value)``, reaches ``min_gain`` (a tenth of the way from the
     trivial predictor to a perfect score, by default)."""
@@ -291,44 +214,6 @@ def not_testable(claim: Claim, reason: str) -> Verdict:
     return Verdict(claim, NOT_TESTABLE, None, math.nan, reason, None)
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """Two models compared without a claim (a benchmark table): the interval of ``a - b`` and what it
-    shows at ``threshold``: ``"lower"``, ``"higher"``, ``"within ±threshold"`` or ``"unresolved"``."""
-
-    estimate: Estimate
-    threshold: float
-    label: str
-
-
-def compare(a, b, threshold: float, level: float = LEVEL) -> Comparison:
-    """The rule without a claim: ``a - b`` lower (interval below ``-threshold``), higher (above
-    ``threshold``), within ``±threshold`` (inside, ``threshold > 0``), or unresolved."""
-    if not (math.isfinite(threshold) and threshold >= 0):
-        raise ValueError(f"threshold must be finite and >= 0, got {threshold!r}")
-    est = paired(a, b, level)
-    if est.high < -threshold:
-        label = "lower"
-    elif est.low > threshold:
-        label = "higher"
-    elif threshold > 0 and -threshold < est.low and est.high < threshold:
-        label = f"within ±{threshold:.3g}"
-    else:
-        label = "unresolved"
-    return Comparison(est, threshold, label)
-
-
-def sampling_margin(n_examples: int, level: float = LEVEL) -> float:
-    """The largest ``level`` half-width of the difference of two accuracies measured on the same
-    ``n_examples`` test examples, from the test set's own sampling (binomial variance at most 1/4 per
-    model, the two errors taken as independent, which over-states it for correlated models). The
-    seeds do not see this noise: a claim about accuracies on a small test set can state it as its
-    threshold."""
-    if n_examples < 1:
-        raise ValueError(f"n_examples must be >= 1, got {n_examples}")
-    return float(stats.norm.ppf(0.5 + level / 2)) * math.sqrt(2 * 0.25 / n_examples)
-
-
 # ------------------------------------------------------------------------------ reading stored runs
 def _is_whole(res: dict, split: str) -> bool:
     """Whether a fixed-dataset run's final ``split`` metrics cover the whole split (val and test
@@ -376,51 +261,13 @@ def whole_split_value(res: dict, metric: str, split: str = "val") -> float:
 
 def seed_values(runs, metric: str, split: str = "val") -> dict[int, float]:
     """``{seed: whole-split metric}`` of a model's stored runs (a list of results, as
-    :func:`cemlib.train.sweep.load_sweep` returns per model); a repeated seed is an error."""
+    :func:`cemlib.train.results.load_runs` returns per model); a repeated seed is an error."""
     out: dict[int, float] = {}
     for r in runs:
         s = int(r["config"]["train"]["seed"])
         if s in out:
             raise ValueError(f"seed {s} appears twice among the runs of {r.get('experiment')}")
         out[s] = whole_split_value(r, metric, split)
-    return out
-
-
-def load_runs(*folders) -> dict[str, list[dict]]:
-    """The stored runs of one or more sweep folders, ``{key: [results ordered by seed]}``; the key is
-    the experiment name, followed by the run's grid overrides when it has any
-    (``"gp-cem-t2 task.kernel=rbf"``, ``"shakespeare-llama optim.lr=0.0015"``). Unlike
-    :func:`cemlib.train.sweep.load_sweep`, two experiments never share a key."""
-    from pathlib import Path
-
-    from cemlib.train.results import load_results
-    out: dict[str, list[dict]] = {}
-    for folder in folders:
-        files = sorted(p for p in Path(folder).rglob("*.json") if p.name != "summary.json")
-        if not files:
-            raise FileNotFoundError(f"no results files in {folder}")
-        for p in files:
-            r = load_results(p)
-            ovr = (r.get("sweep") or {}).get("overrides") or []
-            out.setdefault(" ".join([r["experiment"], *ovr]), []).append(r)
-    for runs in out.values():
-        runs.sort(key=lambda r: r["config"]["train"]["seed"])
-    return out
-
-
-def per_seed_optimum(losses: Mapping) -> dict[int, tuple[float, float]]:
-    """Per seed, the Akima optimum ``(learning rate, loss)`` of a learning-rate sweep: ``losses`` maps
-    learning rate -> {seed: loss}; a seed needs at least three learning rates. An optimum at an end of
-    the swept range is the end point itself (the sweep does not bracket it): check with the range."""
-    from cemlib.train.sweep import akima_optimum
-    seeds = sorted({int(s) for v in losses.values() for s in v})
-    out = {}
-    for s in seeds:
-        pts = sorted((float(lr), float(v[s])) for lr, v in losses.items() if s in v)
-        if len(pts) < 3:
-            raise ValueError(f"seed {s} has {len(pts)} learning rates; the Akima optimum needs 3")
-        r = akima_optimum([p[0] for p in pts], [p[1] for p in pts])
-        out[s] = (r.best_lr, r.best_loss)
     return out
 
 
@@ -495,32 +342,6 @@ def tally(verdicts: Sequence[Verdict]) -> dict[str, int]:
         key = next(iter(verdicts_of_group)) if len(verdicts_of_group) == 1 else "depends on the version"
         out[key] = out.get(key, 0) + 1
     return out
-
-
-# ------------------------------------------------------------------------------ the older summary
-@dataclass(frozen=True)
-class PairedDifference:
-    """Mean and sample standard deviation of ``n`` per-seed differences between two models (kept for
-    :func:`paired_difference`'s callers; verdicts come from :func:`decide`)."""
-
-    mean: float
-    std: float
-    n: int
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the mean difference exceeds twice its standard error ``std / sqrt(n)`` (the book's
-        former criterion, about 82 % confidence at n = 3; :func:`decide` replaces it)."""
-        return abs(self.mean) > 2 * self.std / math.sqrt(self.n)
-
-
-def paired_difference(a, b) -> PairedDifference:
-    """Compare two models run with the same seeds: the per-seed differences ``a[i] - b[i]`` of a
-    final metric (seed ``i`` fixes the initialisation and the batch order of both runs)."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    if d.ndim != 1 or len(d) < 2:
-        raise ValueError(f"need two equal-length 1-D sequences of at least 2 seeds, got shape {d.shape}")
-    return PairedDifference(float(d.mean()), float(d.std(ddof=1)), len(d))
 
 
 # ------------------------------------------------------------------------------ checking a chapter

@@ -1,18 +1,18 @@
 """A chapter's stored mid-size (GPU) results beside its CPU results and the paper's number.
 
-:func:`gpu_results_table` reads the results files of a chapter's GPU folder (written by the
-campaign, :mod:`cemlib.train.campaign`, and imported by :mod:`cemlib.train.import_results`) and
-of the matching CPU folder, and returns a :class:`ResultsTable` with one row per model::
+:func:`gpu_results_table` reads the results files of a chapter's GPU folder and of the matching
+CPU runs, and returns a :class:`ResultsTable` with one row per model that has a stored GPU run::
 
-    model | params | ours, GPU (<device>): final | best (step) | ours, CPU: final | paper
+    model | params | GPU: final | GPU: best periodic evaluation (step) | CPU: final | paper
 
 Each "final" cell is the mean ± sample standard deviation over the stored seeds of the final
 model's metric, on the whole validation split where the file records it
 (``metrics["final_whole_val"]``) and else on the periodic evaluation's sample; "best" is the
-best evaluation of the run by the task's primary metric, read from its curve (mean over seeds,
-with the step of seed 0's best). When a folder holds no run of a model, its cell says "not yet
-run", and the table's note says plainly that the mid-size run has not been made yet and prints the
-commands that make it. In a notebook the table renders as Markdown.
+best *periodic* evaluation of the run by the task's primary metric, read from its curve (mean over
+seeds, with the step of seed 0's best). A periodic evaluation averages a fixed number of batches,
+not the whole split, so a best value can lie above the final whole-split one; the note says so.
+Models without a stored GPU run are left out of the table, and the note gives the command that
+trains one. In a notebook the table renders as Markdown.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["Row", "ResultsTable", "gpu_results_table", "final_metric", "best_evaluation"]
-
-NOT_RUN = "not yet run"
-
 
 @dataclass(frozen=True)
 class Row:
@@ -105,12 +102,12 @@ class ResultsTable:
 
 def _stored(path) -> Path:
     """``path`` as given if it exists; else a path under the book's ``results/`` found with
-    :func:`cemlib.stored.stored_path` (a chapter opened alone, without the repository beside it,
+    :func:`cemlib.evidence.stored.stored_path` (a chapter opened alone, without the repository beside it,
     reads the copy shipped with cemlib); else ``path`` as given (a folder not made yet)."""
     p = Path(path)
     if p.exists() or p.is_absolute():
         return p
-    from cemlib.stored import stored_path
+    from cemlib.evidence.stored import stored_path
     rel = p.as_posix()
     rel = rel[2:] if rel.startswith("./") else rel
     for candidate in ((rel,) if rel.startswith("book/") else ("book/" + rel, rel)):
@@ -141,9 +138,8 @@ def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric:
     and the CPU runs ``cpu`` (a folder of results files, one file, a results dictionary such as a
     chapter's live run, or a list of these); ``metric`` is a key of the runs' final metrics (see
     the module docstring). A relative path that does not exist from the working directory is
-    looked up under the book's stored results (:func:`cemlib.stored.stored_path`), so a chapter
+    looked up under the book's stored results (:func:`cemlib.evidence.stored.stored_path`), so a chapter
     opened alone finds the files shipped with cemlib."""
-    from cemlib.train.campaign import folder_commands
     from cemlib.train.results import device_name
     gpu_folder = _stored(gpu_folder)
     gpu = _load_folder(gpu_folder, "gpu")
@@ -151,38 +147,27 @@ def gpu_results_table(gpu_folder: str | Path, rows: list[Row], cpu=None, metric:
     devices = sorted({device_name(r) for r in gpu})
     device = ", ".join(devices) if devices else None
     # short headers, so that the table fits a book's column; the device goes into the note
-    header = ["model", "params", f"GPU: {metric}", "GPU best (step)", f"CPU: {metric}", "paper"]
+    header = ["model", "params", f"GPU: {metric}", "GPU: best periodic eval (step)", f"CPU: {metric}",
+              "paper"]
     table, missing = [], []
     for row in rows:
         g = sorted((r for r in gpu if r["experiment"] == row.experiment), key=lambda r: r["config"]["train"]["seed"])
         c = [r for r in cpu if r["experiment"] == (row.cpu_experiment or row.experiment)]
-        if g:
-            params = f"{g[0]['num_parameters']:,}"
-            final = _mean_sd(g, metric, digits)
-            bests = [best_evaluation(r) for r in g]
-            best = f"{np.mean([b[0] for b in bests]):.{digits}f} ({bests[0][2]}, step {bests[0][1]})"
-        else:
-            params, final, best = "—", NOT_RUN, NOT_RUN
+        if not g:
             missing.append(row.experiment)
-        cpu_cell = _mean_sd(c, metric, digits) if c else "—"
-        table.append([row.label, params, final, best, cpu_cell, row.paper])
-    commands = [cmd for cmd in folder_commands(gpu_folder.name)
-                if any(f"--experiment {e} " in cmd + " " for e in missing)]
-    if not gpu:
-        note = (f"The mid-size (gpu preset) runs of this table have not been made yet: "
-                f"{gpu_folder.name} holds no results")
-        note += ". One GPU makes them with" if commands else " and the campaign's plan has none"
-    elif missing:
-        note = (f"Stored GPU results ({device}) from {gpu_folder.name}. Not yet run: {', '.join(missing)}"
-                + ("; one GPU makes them with" if commands else " (no run of them in the campaign's plan)"))
+            continue
+        bests = [best_evaluation(r) for r in g]
+        best = f"{np.mean([b[0] for b in bests]):.{digits}f} ({bests[0][2]}, step {bests[0][1]})"
+        table.append([row.label, f"{g[0]['num_parameters']:,}", _mean_sd(g, metric, digits), best,
+                      _mean_sd(c, metric, digits) if c else "—", row.paper])
+    commands = [f"cemlib train --experiment {e} --preset gpu" for e in missing]
+    if gpu:
+        note = (f"Trained on {device}; each run's command, commit and versions are in its results "
+                f"file. The final value is measured on the whole validation split, the best periodic "
+                f"evaluation on a fixed number of batches, so the two can differ in either direction.")
     else:
-        note = (f"Stored GPU results ({device}) from {gpu_folder.name}: the command, commit and versions "
-                f"of each run are in its file.")
-    if missing and not commands:
-        note += "."
-    if missing and commands:
-        note += ":\n" + "\n".join(commands)
-        if commands:
-            note += (f"\n(or every run of the folder: python -m cemlib.train.campaign run --folder "
-                     f"{gpu_folder.name}, then python -m cemlib.train.import_results on its output)")
+        note = "No GPU run of these models is stored."
+    if missing:
+        note += (" Train the gpu preset of a model missing here with "
+                 + "; ".join(f"`{c}`" for c in commands) + ".")
     return ResultsTable(header, table, bool(gpu), device, note, commands)

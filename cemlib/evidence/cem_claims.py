@@ -1,4 +1,4 @@
-"""The CEM paper's language-model claims, each written once as a :class:`~cemlib.train.verdict.Claim`.
+"""The CEM paper's language-model claims, each written once as a :class:`~cemlib.evidence.verdict.Claim`.
 
 The paper :cite:`cem2025,cem2026iclr` reports its language-model results only in figures (section
 4, Figs. 2-3), so each claim below is the paper's sentence about a figure, with where it is, and the
@@ -7,16 +7,16 @@ character, CEM minus baseline unless said otherwise), on which side of which thr
 
 Chapters 2, 3 and 5 test some of the same claims on the same stored runs
 (``book/results/shakespeare_blocks_cpu``); taking the claim from here, and the verdict from
-:func:`cemlib.train.verdict.decide`, gives the same data the same verdict in every chapter.
+:func:`cemlib.evidence.verdict.decide`, gives the same data the same verdict in every chapter.
 
 Claims that exist in two wordings (arXiv and ICLR version) share a ``finding``, so that
-:func:`~cemlib.train.verdict.tally` counts them once. Parameter-count claims are read on a ratio
-that no seed changes (:func:`~cemlib.train.verdict.decide_exact`).
+:func:`~cemlib.evidence.verdict.tally` counts them once. Parameter-count claims are read on a ratio
+that no seed changes (:func:`~cemlib.evidence.verdict.decide_exact`).
 """
 
 from __future__ import annotations
 
-from cemlib.train.verdict import Claim
+from cemlib.evidence.verdict import Claim
 
 __all__ = ["SMALL", "SMALL_WHY", "LOSS", "ATTN_HALF_PARAMS", "MLP_TWO_THIRDS", "MLP_PM_SAME_COUNT",
            "ATTN_SMALL_COST", "MLP_HIGHER", "MLP_PM_BETTER", "RECURSION_ATTN", "RECURSION_MLP",

@@ -1,7 +1,7 @@
 """Chance baselines: what a task's trivial predictor scores, computed with the task's own metrics.
 
 A model that has not beaten the trivial predictor has not learned the task, and a comparison of two
-such models says nothing about the paper's claim (:mod:`cemlib.train.verdict`: "not testable at this
+such models says nothing about the paper's claim (:mod:`cemlib.evidence.verdict`: "not testable at this
 budget"). The trivial predictor of a task ignores its input and predicts what the training split
 predicts on average (:class:`MarginalPredictor`):
 
@@ -31,7 +31,7 @@ from torch import nn
 
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask,
                                 RegressionTask, Task, TokenClassificationTask)
-from cemlib.train.verdict import Chance
+from cemlib.evidence.verdict import Chance
 
 __all__ = ["MarginalPredictor", "chance_metrics", "chance_level"]
 
@@ -110,7 +110,7 @@ def _perfect(metric: str) -> float:
 
 
 def chance_level(res_or_task, metric: str, split: str = "val", min_gain: float = 0.1) -> Chance:
-    """The :class:`~cemlib.train.verdict.Chance` of ``metric`` on ``split`` for a stored run (its
+    """The :class:`~cemlib.evidence.verdict.Chance` of ``metric`` on ``split`` for a stored run (its
     recorded configuration rebuilds the task) or a task."""
     if isinstance(res_or_task, Task):
         task = res_or_task

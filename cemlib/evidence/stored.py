@@ -2,9 +2,8 @@
 
 The chapters read results that do not fit the CPU budget (seed sweeps, GPU runs, benchmark
 measurements) from files written by recorded commands: the repository's ``book/results/`` and
-``benchmarks/results/`` (and ch11 re-runs ``benchmarks/compile_kernels.py``). A chapter opened
-alone, as Colab opens it, has no repository around it, so these folders and the benchmark scripts
-are also **shipped in the wheel**, under ``cemlib/_stored/`` (``setup.py`` copies them at build
+``benchmarks/results/``. A chapter opened alone, as Colab opens it, has no repository around it, so
+these folders are also **shipped in the wheel**, under ``cemlib/_stored/`` (``setup.py`` copies them at build
 time; see ``STORED`` there): an install at the book's pinned ref carries exactly the results
 written for that ref, and needs no network.
 
@@ -23,7 +22,7 @@ __all__ = ["SHIPPED", "stored_path", "shipped_root"]
 
 #: repository folders and files shipped inside the wheel, under ``cemlib/_stored/`` (keep in step
 #: with ``STORED`` in ``setup.py``)
-SHIPPED = ("book/results", "benchmarks/results", "benchmarks/compile_kernels.py", "benchmarks/outputs.py")
+SHIPPED = ("book/results", "benchmarks/results")
 
 
 def _in_checkout(root: Path, rel: str) -> Path | None:
@@ -53,7 +52,7 @@ def stored_path(rel: str, start: str | os.PathLike | None = None) -> Path:
         raise ValueError(f"{rel!r} is not stored: it must be one of {SHIPPED} or inside one")
     here = Path(start if start is not None else Path.cwd()).resolve()
     tried = []
-    for root in (here, *here.parents, Path(__file__).resolve().parent.parent):
+    for root in (here, *here.parents, Path(__file__).resolve().parents[2]):
         found = _in_checkout(root, rel)
         if found is not None:
             return found
