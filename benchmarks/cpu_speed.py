@@ -43,7 +43,9 @@ import time
 import torch
 
 from cemlib.models.memory import saved_activation_bytes
-from cemlib.train.experiments import BENCH_MODELS, BENCH_WIDTHS, bench_experiment, build, get_config
+from cemlib.train.presets.bench import (MODELS as BENCH_MODELS, WIDTHS as BENCH_WIDTHS,
+                                        bench_experiment)
+from cemlib.train.registry import build, get_config
 from cemlib.train.flops import counted_flops
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit

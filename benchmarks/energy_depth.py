@@ -37,9 +37,10 @@ import torch
 
 from cemlib.models.probes import ENERGY_MODELS, energy_along_depth
 from cemlib.train import load_checkpoint, load_results, run_experiment
-from cemlib.train.experiments import BENCH_WIDTHS, bench_experiment, build, get_config
+from cemlib.train.presets.bench import WIDTHS as BENCH_WIDTHS, bench_experiment
+from cemlib.train.registry import build, get_config
 from cemlib.train.results import environment_info, git_commit, same_cpu_kernels
-from cemlib.train.grid import run_name
+from cemlib.train.folders import run_name
 from outputs import RESULTS, add_output_arguments, announce, write_json
 
 SEED = ("train.seed=0",)

@@ -1,6 +1,6 @@
 """The ``cemlib`` command (installed by ``pip install``): one command, two subcommands.
 
-``cemlib train ...`` is ``python -m cemlib.train ...`` (:func:`cemlib.train.__main__.main`) and
+``cemlib train ...`` is ``python -m cemlib.train ...`` (:func:`cemlib.train.cli.main`) and
 ``cemlib generate ...`` is ``python -m cemlib.generate ...`` (:func:`cemlib.generate.main`); the
 arguments after the subcommand are passed on unchanged, and so is the exit status.
 """
@@ -15,7 +15,7 @@ __all__ = ["main", "COMMANDS"]
 
 #: subcommand -> (module whose ``main(argv) -> int`` runs it, what it does)
 COMMANDS = {
-    "train": ("cemlib.train.__main__", "train a named experiment and preset, or a grid of them"),
+    "train": ("cemlib.train.cli", "train a named experiment and preset, or a grid of them"),
     "generate": ("cemlib.generate", "sample text from a trained language model's checkpoint"),
 }
 

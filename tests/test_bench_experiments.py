@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from cemlib.train import EXPERIMENTS, get_config, run_experiment
-from cemlib.train.experiments import BENCH_PARAM_TOLERANCE, BENCH_WIDTHS, build
+from cemlib.train.presets.bench import (PARAM_TOLERANCE as BENCH_PARAM_TOLERANCE,
+                                        WIDTHS as BENCH_WIDTHS)
+from cemlib.train.registry import build
 
 BENCH = sorted(n for n in EXPERIMENTS if n.startswith("bench-"))
 TWO_STEPS = ["train.max_steps=2", "train.eval_interval=2", "train.eval_batches=1", "train.batch_size=4",
@@ -74,8 +76,8 @@ def test_hide_answer_rejects_non_bool():
 
 
 def test_bench_model_builds_the_preset_at_any_width():
-    from cemlib.train.experiments import bench_model
-    from cemlib.train.task_data import make_task
+    from cemlib.train.registry import bench_model
+    from cemlib.train.datasets import make_task
     cfg = get_config("bench-listops-hyperset", "cpu")
     task = make_task(cfg)
     registered = bench_model("listops", "hyperset", task=task)
@@ -91,7 +93,7 @@ def test_bench_model_builds_the_preset_at_any_width():
 
 
 def test_counted_flops_counts_every_recurrent_step():
-    from cemlib.train.experiments import bench_model
+    from cemlib.train.registry import bench_model
     from cemlib.train.flops import counted_flops
     model = bench_model("listops", "nrgpt")
     x = torch.zeros(2, 30, dtype=torch.long)

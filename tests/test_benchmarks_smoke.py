@@ -140,7 +140,7 @@ def test_cpu_speed_benchmark_smoke(tmp_path):
 
 def test_cpu_speed_benchmark_suite_smoke(tmp_path):
     """The chapter 10 suite times every model of the task, built as its benchmark experiment."""
-    from cemlib.train.experiments import BENCH_WIDTHS
+    from cemlib.train.presets.bench import WIDTHS as BENCH_WIDTHS
     d = _run(["benchmarks/cpu_speed.py", "--suite", "bench-listops", "--rounds", "1", "--steps", "1",
               "--warmup", "0"], tmp_path, "cpu_speed_bench")
     rows = {r["key"]: r for r in d["rows"]}

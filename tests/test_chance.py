@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cemlib.evidence.chance import MarginalPredictor, chance_level, chance_metrics
-from cemlib.train.data import TokenBatches
+from cemlib.train.batches import TokenBatches
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask, RegressionTask,
                                 TokenClassificationTask)
 

@@ -244,7 +244,7 @@ def test_with_blanks_makes_easier_puzzles_with_the_same_solutions(shipped):
 
 def test_sudoku_task_blanks_option():
     from cemlib.train import ConfigError, get_config
-    from cemlib.train.task_data import make_task
+    from cemlib.train.datasets import make_task
     cfg = get_config("sudoku-hyperset", "cpu", ["task.blanks=12", "task.n_train=50", "task.n_test=20"])
     task = make_task(cfg)
     for split in ("train", "val", "test"):

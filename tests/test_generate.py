@@ -22,9 +22,10 @@ from cemlib.data.shakespeare import CharTokenizer, load_text
 from cemlib.generate import main as generate_main
 from cemlib.models.generation import generate, sample_next
 from cemlib.models.newton_transformer import NewtonTransformer
-from cemlib.train.__main__ import main as train_main
+from cemlib.train.cli import main as train_main
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from cemlib.train.experiments import EXPERIMENTS, get_config, make_task
+from cemlib.train.registry import EXPERIMENTS, get_config
+from cemlib.train.datasets import make_task
 from cemlib.train.results import load_results
 from cemlib.train.trained import find_checkpoint, load_trained
 

@@ -19,7 +19,7 @@ from cemlib.metrics import average_angle, effective_rank, separation_per_iterati
 from cemlib.models.hyperset import HyperSETModel
 from cemlib.models.recurrent_transformer import RecurrentTransformer
 from cemlib.normalization import rms_norm
-from cemlib.train.experiments import build, get_config
+from cemlib.train.registry import build, get_config
 
 EPS = 1e-6
 

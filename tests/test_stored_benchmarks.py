@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cemlib.train.experiments import BENCH_WIDTHS
+from cemlib.train.presets.bench import WIDTHS as BENCH_WIDTHS
 from cemlib.train.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cemlib.train.__main__ import main
+from cemlib.train.cli import main
 from cemlib.train.results import load_results, same_cpu_kernels
 
 RESULTS = Path(__file__).resolve().parent.parent / "book" / "results"

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from cemlib.train.__main__ import main
+from cemlib.train.cli import main
 from cemlib.train.config import (ConfigError, ExperimentConfig, OptimConfig, TrainConfig,
                                  apply_overrides, micro_batch_size)
-from cemlib.train.data import DataMismatchError, TokenBatches
-from cemlib.train.experiments import build, get_config, load_data
+from cemlib.train.batches import DataMismatchError, TokenBatches
+from cemlib.train.registry import build, get_config, load_data
 from cemlib.train.optim import WarmupCosine, make_scheduler, param_groups
 
 
@@ -156,7 +156,7 @@ def test_each_forward_is_a_new_cuda_graph_step_when_graphs_replay(monkeypatch):
     forwards of a short run with gradient accumulation and evaluations (failing input: a forward
     without its mark, e.g. the evaluation's)."""
     import cemlib.train.trainer as trainer_mod
-    from cemlib.train.experiments import build
+    from cemlib.train.registry import build
     cfg = get_config("shakespeare-llama", "cpu", [
         "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "train.batch_size=4",
         "train.grad_accum=2", "train.context_length=16", "train.eval_batches=2",
@@ -182,7 +182,7 @@ def test_compile_mode_at_its_default_keeps_earlier_runs_ids():
     identity at its default, "train.compile_mode: '(unset)' vs 'default'")."""
     from dataclasses import asdict
 
-    from cemlib.train.runs import identity_differences, run_id
+    from cemlib.train.folders import identity_differences, run_id
     cfg = get_config("shakespeare-llama", "cpu", [])
     stored = asdict(cfg)
     del stored["train"]["compile_mode"]  # as written before the field existed

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA not available", allow_module_level=True)
 pytest.importorskip("triton")
 
-from cemlib.train.experiments import run_experiment  # noqa: E402
+from cemlib.train.run import run_experiment  # noqa: E402
 
 # head width 64 and more than one head and sequence: the specializations of the kernels carried to
 # the GPU (warm_cache.py; Triton specializes an integer equal to 1)

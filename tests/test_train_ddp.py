@@ -16,7 +16,7 @@ WORKER = textwrap.dedent('''
     import torch
     from torch import nn
     from cemlib.train.config import ExperimentConfig, OptimConfig, TrainConfig
-    from cemlib.train.data import TokenBatches
+    from cemlib.train.batches import TokenBatches
     from cemlib.train.trainer import Trainer
 
     V, L = 11, 10

@@ -13,14 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-import cemlib.train.task_data as task_data
-from cemlib.train.__main__ import main
+import cemlib.train.datasets as task_data
+from cemlib.train.cli import main
 from cemlib.train.checkpoint import load_checkpoint
 from cemlib.train.config import ConfigError, ExperimentConfig, OptimConfig, TrainConfig
-from cemlib.train.data import TokenBatches
-from cemlib.train.experiments import get_config, run_experiment
+from cemlib.train.batches import TokenBatches
+from cemlib.train.registry import get_config
+from cemlib.train.run import run_experiment
 from cemlib.train.results import ResultsError, load_results
-from cemlib.train.task_data import make_task
+from cemlib.train.datasets import make_task
 from cemlib.train.tasks import TaskDataError
 from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import cemlib.train.checkpoint as ckpt_mod
-import cemlib.train.experiments as experiments
+import cemlib.train.grid as experiments
 import cemlib.train.grid as sweep
-from cemlib.train.__main__ import main
+from cemlib.train.cli import main
 from cemlib.train.checkpoint import atomic_write_bytes, remove_stale_tmp
 from cemlib.train.results import load_results
 from cemlib.train.grid import grid_sweep, plan_grid
@@ -176,7 +176,7 @@ def test_a_second_writer_on_the_same_folder_is_refused_by_name(tmp_path, capsys)
     """36.3: two processes sharing one --out were not detected (one seed's files silently replaced
     the other's, or a run died with a misleading "No such file or directory")."""
     out = tmp_path / "run"
-    code = ("import sys, time\nfrom cemlib.train.runs import out_dir_lock\n"
+    code = ("import sys, time\nfrom cemlib.train.folders import out_dir_lock\n"
             "with out_dir_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True,
                               cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -22,11 +22,12 @@ from torch import nn
 import cemlib.train.checkpoint as ckpt_mod
 import cemlib.train.trainer as trainer_mod
 from cemlib.layers.cem_mlp import CEMMLP
-from cemlib.train.__main__ import main
+from cemlib.train.cli import main
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint
 from cemlib.train.config import ConfigError, ExperimentConfig, OptimConfig, TrainConfig
-from cemlib.train.data import TokenBatches
-from cemlib.train.experiments import EXPERIMENTS, get_config, make_task
+from cemlib.train.batches import TokenBatches
+from cemlib.train.registry import EXPERIMENTS, get_config
+from cemlib.train.datasets import make_task
 from cemlib.train.results import load_results, save_results
 from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted
 
@@ -91,7 +92,7 @@ def test_read_only_out_dir_fails_before_the_first_step(tmp_path, monkeypatch):
 
 def test_cli_rejects_unusable_out_in_one_line_before_loading_data(tmp_path, capsys, monkeypatch):
     (tmp_path / "f").write_text("x")
-    import cemlib.train.experiments as ex
+    import cemlib.train.registry as ex
     monkeypatch.setattr(ex, "make_task", lambda cfg: pytest.fail("data loaded before --out was checked"))
     assert main(TINY_CLI + ["--quiet", "--out", str(tmp_path / "f" / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -368,7 +369,7 @@ def test_help_lists_the_model_fields(capsys):
 
 
 def test_model_typo_fails_before_the_data_loads(tmp_path, capsys, monkeypatch):
-    import cemlib.train.experiments as ex
+    import cemlib.train.registry as ex
     monkeypatch.setattr(ex, "make_task", lambda cfg: pytest.fail("data loaded"))
     assert main(TINY_CLI + ["--set", "model.n_layer=2", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: model fields ['n_layer']")
@@ -417,7 +418,7 @@ def test_the_whole_split_evaluation_can_be_turned_off(tmp_path):
 def test_fixed_dataset_tasks_say_their_val_metrics_are_whole():
     cfg = get_config("gp-gated", "cpu", ["train.max_steps=2", "train.eval_interval=2", "train.batch_size=10",
                                          "task.n_train=40", "model.d_model=8", "model.d_ff=8"])
-    from cemlib.train.experiments import build
+    from cemlib.train.registry import build
     model, task = build(cfg)
     res = Trainer(model, task, cfg, verbose=False).fit()
     m = res["metrics"]

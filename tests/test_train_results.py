@@ -7,7 +7,7 @@ import matplotlib
 import pytest
 import torch
 
-from cemlib.train.__main__ import main
+from cemlib.train.cli import main
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.results import (ResultsError, load_results, plot_curves, same_cpu_kernels,
                                   save_results)

@@ -6,7 +6,7 @@ from torch import nn
 
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint
 from cemlib.train.config import ExperimentConfig, OptimConfig, TrainConfig
-from cemlib.train.data import TokenBatches
+from cemlib.train.batches import TokenBatches
 from cemlib.train.trainer import NonFiniteError, Trainer
 
 V, L = 13, 12

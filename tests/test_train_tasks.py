@@ -9,9 +9,10 @@ from torch import nn
 from cemlib.train import (EXPERIMENTS, ConfigError, ExperimentConfig, OptimConfig,
                           TrainConfig, Trainer, get_config, run_experiment)
 from cemlib.train.config import resolve_precision
-from cemlib.train.experiments import build
-from cemlib.train.grid import grid_runs, grid_sweep, run_name, summary_markdown
-from cemlib.train.task_data import load_cifar10, make_task, split_off
+from cemlib.train.registry import build
+from cemlib.train.folders import run_name
+from cemlib.train.grid import grid_runs, grid_sweep, summary_markdown
+from cemlib.train.datasets import load_cifar10, make_task, split_off
 from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, RegressionTask, TaskDataError,
                                 TokenClassificationTask)
 
@@ -174,7 +175,7 @@ def _fake_cifar10(folder, n=3, seed=0):
 def test_cifar10_binary_reader(tmp_path, monkeypatch):
     """The opt-in CIFAR-10 reader on a fake binary distribution (3 images per file, where the real
     one has 10,000: the reader is told so)."""
-    import cemlib.train.task_data as td
+    import cemlib.train.datasets as td
     _fake_cifar10(tmp_path)
     data = load_cifar10(tmp_path, records_per_file=3)
     assert data["train"][0].shape == (15, 3, 32, 32) and data["test"][1].shape == (3,)

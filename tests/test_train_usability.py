@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import cemlib.train.trainer as trainer_mod
-from cemlib.train.__main__ import _summary_line, main
+from cemlib.train.cli import _summary_line, main
 from cemlib.train.checkpoint import load_checkpoint
 from cemlib.train.config import ConfigError
-from cemlib.train.experiments import get_config, reproduce_command, run_experiment
+from cemlib.train.registry import get_config, reproduce_command
+from cemlib.train.run import run_experiment
 from cemlib.train.results import load_results
 
 LM = ["--experiment", "shakespeare-llama", "--set", "model.d_model=16", "--set", "model.n_layers=1",
@@ -212,7 +213,7 @@ def test_every_section_is_validated_before_the_run(capsys):
 # ------------------------------------------------------------------------------ 35.13 threads
 def test_a_busy_cpu_gets_a_note_and_threads_can_be_set(tmp_path, capsys, monkeypatch):
     """35.13: on a loaded 2-core machine the default threads ran ~9x slower than one, without a word."""
-    import cemlib.train.experiments as experiments
+    import cemlib.train.run as experiments
     monkeypatch.setattr(os, "getloadavg", lambda: (float(os.cpu_count() or 1) + 3.0, 0.0, 0.0))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     assert "a small model may train several times faster with --threads 1" in \

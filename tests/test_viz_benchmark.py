@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from cemlib.train.experiments import BENCH_WIDTHS  # noqa: E402
+from cemlib.train.presets.bench import WIDTHS as BENCH_WIDTHS  # noqa: E402
 from cemlib.train.results import load_runs  # noqa: E402
 from cemlib.viz import benchmark as V  # noqa: E402
 

@@ -116,7 +116,7 @@ def chance_level(res_or_task, metric: str, split: str = "val", min_gain: float =
         task = res_or_task
     else:
         from cemlib.train.config import ExperimentConfig
-        from cemlib.train.task_data import make_task
+        from cemlib.train.datasets import make_task
         task = make_task(ExperimentConfig.from_dict(res_or_task["config"]))
     value = chance_metrics(task, split)[f"{split}_{metric}"]
     if not math.isfinite(value):

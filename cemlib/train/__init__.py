@@ -5,28 +5,29 @@
   trains any validated config (a ``--config`` file, a checkpoint's);
 - :class:`Trainer` -- trains a model on a :class:`~cemlib.train.tasks.Task` (language modelling,
   answer prediction, regression, per-position and per-example classification; the datasets are
-  named in :data:`~cemlib.train.task_data.TASKS`): AdamW, cosine schedule with warm-up, clipping,
+  named in :data:`~cemlib.train.datasets.TASKS`): AdamW, cosine schedule with warm-up, clipping,
   bf16 autocast (fp16 with a gradient scaler on GPUs without bf16) and ``torch.compile`` on CUDA,
   gradient accumulation, periodic evaluation with the task's metrics, exact resume, NaN/Inf
   detection, DDP/FSDP under ``torchrun``;
 - :mod:`~cemlib.train.results` -- results JSON (config, curves, device, versions, commit, command),
   loaders (:func:`load_results`, :func:`load_runs`) and a plot helper; :mod:`~cemlib.train.grid`
   -- grids of experiments x overrides x seeds with a mean ± std summary (:func:`grid_sweep`);
-  :mod:`~cemlib.train.runs` -- run identity (a hash of the resolved config), run folders that never
+  :mod:`~cemlib.train.folders` -- run identity (a hash of the resolved config), run folders that never
   mix two runs, one writer per folder.
 """
 
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from cemlib.train.config import ConfigError, DataConfig, ExperimentConfig, OptimConfig, TrainConfig
-from cemlib.train.data import TokenBatches
+from cemlib.train.batches import TokenBatches
 from cemlib.train.distributed import DistInfo, init_distributed
-from cemlib.train.experiments import (EXPERIMENTS, Experiment, build, get_config, register, run_config,
-                                      run_experiment)
+from cemlib.train.registry import EXPERIMENTS, build, get_config, register
+from cemlib.train.experiment import Experiment
+from cemlib.train.run import run_config, run_experiment
 from cemlib.train.flops import measure_peak_flops, mfu, stated_peak_tflops
 from cemlib.train.grid import grid_sweep, summarize_runs
 from cemlib.train.results import device_name, load_results, load_runs, plot_curves, save_results
-from cemlib.train.runs import RunFolderError, run_id
-from cemlib.train.task_data import TASKS, make_task
+from cemlib.train.folders import RunFolderError, run_id
+from cemlib.train.datasets import TASKS, make_task
 from cemlib.train.tasks import (AnswerTask, ClassificationTask, ExampleBatches, LanguageModelTask, RegressionTask,
                                 Task, TaskDataError, TokenClassificationTask)
 from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted, lm_loss

@@ -189,7 +189,7 @@ def micro_batch_size(train: TrainConfig, world_size: int) -> int:
 
 @dataclass
 class DataConfig:
-    """Which dataset (:data:`cemlib.train.task_data.TASKS`); ``path=None`` uses the copy shipped
+    """Which dataset (:data:`cemlib.train.datasets.TASKS`); ``path=None`` uses the copy shipped
     with cemlib (or generated data); ``val_fraction`` is Shakespeare's held-out tail."""
 
     name: str = "shakespeare"
@@ -202,7 +202,7 @@ class ExperimentConfig:
     """One run: experiment and preset names, model keyword arguments, data, optimiser, budget.
 
     ``task`` holds the keyword arguments of the dataset ``data.name`` (see
-    :mod:`cemlib.train.task_data`), e.g. ``{"kernel": "matern"}`` for ``gp``."""
+    :mod:`cemlib.train.datasets`), e.g. ``{"kernel": "matern"}`` for ``gp``."""
 
     experiment: str
     preset: str

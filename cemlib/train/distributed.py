@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cemlib.train.config import ConfigError
+
 __all__ = ["DistInfo", "init_distributed", "wrap_model", "unwrap_model", "all_reduce_mean",
            "shutdown_distributed", "resolve_device"]
 
@@ -22,7 +24,6 @@ def resolve_device(name: str | torch.device | None = None) -> torch.device:
     """The device a run uses: ``name`` (``train.device``), else ``$CEMLIB_DEVICE``, else CUDA when
     available, else the CPU. A device this machine does not have raises
     :class:`~cemlib.train.config.ConfigError` in one line (not torch's traceback)."""
-    from cemlib.train.config import ConfigError
     source = "train.device"
     if name is None and os.environ.get("CEMLIB_DEVICE"):
         name, source = os.environ["CEMLIB_DEVICE"], "CEMLIB_DEVICE"

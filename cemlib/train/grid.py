@@ -4,7 +4,7 @@ A grid is planned and checked before its first run trains (:func:`plan_grid`: ev
 experiments, grid keys, grid values and seeds unique, no two runs the same, the size below
 ``max_runs``; the output folder writable and the file names short enough). Each run is a complete
 run: its own folder ``<out>/<stem>/`` (checkpoints, ``best.pt``, metric logs) and its results file
-``<out>/<stem>.json`` (:func:`~cemlib.train.runs.grid_stem`: experiment, grid values, seed,
+``<out>/<stem>.json`` (:func:`~cemlib.train.folders.grid_stem`: experiment, grid values, seed,
 preset and the run id). A run already in the folder with the same resolved config (whatever its
 file is called) is skipped and said so; an unfinished one resumes from its newest checkpoint; a
 run that diverges is recorded as failed (``<stem>/failure.txt`` and the summary) and the grid goes
@@ -22,8 +22,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from cemlib.train.config import ConfigError
+from cemlib.train.distributed import resolve_device
+from cemlib.train.folders import (folder_run, grid_stem, identity_differences, identity_key, name_max,
+                                  newest_checkpoint, out_dir_lock)
+from cemlib.train.registry import get_config, reproduce_command
+from cemlib.train.results import ResultsError, load_results
+from cemlib.train.run import run_config
+from cemlib.train.tasks import TaskDataError
+from cemlib.train.trainer import NonFiniteError, TrainingInterrupted, prepare_out_dir
 
-__all__ = ["grid_runs", "grid_size", "plan_grid", "GridRun", "GridRows", "grid_sweep", "run_name",
+__all__ = ["grid_runs", "grid_size", "plan_grid", "GridRun", "GridRows", "grid_sweep",
            "summarize_runs", "summary_markdown"]
 
 def grid_runs(experiments, grid: dict | None = None, seeds=(0,)) -> list[tuple[str, list[str], int]]:
@@ -37,13 +45,6 @@ def grid_runs(experiments, grid: dict | None = None, seeds=(0,)) -> list[tuple[s
     combos = list(itertools.product(*(grid[k] for k in keys))) if keys else [()]
     return [(e, [f"{k}={v}" for k, v in zip(keys, combo)], int(s))
             for e in experiments for combo in combos for s in seeds]
-
-
-def run_name(experiment: str, overrides, seed: int) -> str:
-    """File-name stem of one grid run: ``gp_cem_t2__task.kernel-matern__seed1``."""
-    parts = [experiment.replace("-", "_")]
-    parts += [o.replace("=", "-").replace("/", "_") for o in overrides]
-    return "__".join(parts + [f"seed{seed}"])
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -90,7 +91,7 @@ def grid_size(experiments, grid: dict | None = None, seeds=(0,)) -> int:
 @dataclass
 class GridRun:
     """One planned run of a grid: its experiment, grid overrides, seed, resolved config, the notes
-    :func:`~cemlib.train.experiments.get_config` made, and the stem of its files."""
+    :func:`~cemlib.train.registry.get_config` made, and the stem of its files."""
 
     experiment: str
     overrides: list[str]
@@ -121,8 +122,6 @@ def plan_grid(experiments, preset: str = "cpu", grid: dict | None = None, seeds=
               name_limit: int = 200) -> list[GridRun]:
     """Resolve and check every run of the grid before any trains (see the module docstring);
     raise :class:`~cemlib.train.config.ConfigError` naming the problem."""
-    from cemlib.train.experiments import get_config
-    from cemlib.train.runs import grid_stem, identity_key
     experiments, seeds, grid = list(experiments), list(seeds), dict(grid or {})
     _unique(experiments, "--experiment")
     for s in seeds:
@@ -157,7 +156,6 @@ def _stored_runs(folder) -> dict:
     (``summary.json`` and unreadable files left out, the latter with a note)."""
     from pathlib import Path
 
-    from cemlib.train.results import ResultsError, load_results
     index: dict = {}
     for p in sorted(Path(folder).glob("*.json")):
         if p.name == "summary.json":
@@ -176,7 +174,6 @@ def _stored_runs(folder) -> dict:
 
 def _find_identical(index: dict, run: GridRun):
     """A stored complete run with ``run``'s identity config: ``(path, results)`` or ``None``."""
-    from cemlib.train.runs import identity_differences
     for path, res in index.get((run.experiment, run.cfg.preset, run.seed), []):
         try:
             if not identity_differences(res["config"], run.cfg):
@@ -215,11 +212,6 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
     import os
     from pathlib import Path
 
-    from cemlib.train.distributed import resolve_device
-    from cemlib.train.experiments import reproduce_command, run_config
-    from cemlib.train.runs import folder_run, name_max, newest_checkpoint, out_dir_lock
-    from cemlib.train.tasks import TaskDataError
-    from cemlib.train.trainer import NonFiniteError, TrainingInterrupted, prepare_out_dir
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun: rank 0 writes and reports
 
     def say(*args, **kwargs):

@@ -2,15 +2,14 @@
 
 A results file holds: the experiment config, final and best metrics, the loss curves, the
 parameter count, the device and its name, library versions, the git commit of the code, and the
-exact command that reproduces the run. Files written since the misuse review also hold
-``metrics["final_whole_val"]`` (the final model on the whole validation split),
-``metrics["estimates"]`` (what each number is computed on), ``timing`` (wall-clock start and end,
-start-up time), ``status`` (complete / interrupted / partial) and ``notes``; older files lack
-them, and :func:`load_results` requires only the original fields. Files written since run ids exist
-also hold ``run_id`` and ``metrics["best"]``, and their ``config`` leaves out the fields the dataset
-does not read (``train.context_length`` for ListOps, ``data.path`` for generated data, ...).
-Chapters load stored GPU results with :func:`load_results` and show them next to their live CPU
-runs with :func:`plot_curves`.
+exact command that reproduces the run; and, where the run wrote them, ``metrics["final_whole_val"]``
+(the final model on the whole validation split), ``metrics["estimates"]`` (what each number is
+computed on), ``timing`` (wall-clock start and end, start-up time), ``status`` (complete /
+interrupted / partial), ``notes``, ``run_id`` and ``metrics["best"]``. :func:`load_results`
+requires only the fields every stored file has (:data:`_REQUIRED`); a ``config`` leaves out the
+fields its dataset does not read (``train.context_length`` for ListOps, ``data.path`` for generated
+data, ...). :func:`load_runs` reads a folder of runs by experiment or model, and :func:`plot_curves`
+draws their validation curves.
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from cemlib.train.checkpoint import atomic_write_bytes
 
 __all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "save_results", "load_results",
            "plot_curves", "device_name", "ResultsError", "read_json", "SETUP", "setup_differences",
@@ -113,7 +114,6 @@ def save_results(path: str | Path, results: dict) -> Path:
         raise ResultsError(f"results lack the fields {missing}")
     out = dict(results)
     out.setdefault("created_utc", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    from cemlib.train.checkpoint import atomic_write_bytes
     text = json.dumps(out, indent=1, sort_keys=False, allow_nan=False) + "\n"
     # written to a temporary name and renamed: a full disk names the file and keeps the old one
     return atomic_write_bytes(path, text.encode(), "results file")

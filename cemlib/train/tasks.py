@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cemlib.train.data import DataMismatchError, TokenBatches
+from cemlib.train.batches import DataMismatchError, TokenBatches
 
 __all__ = ["Task", "ExampleBatches", "LanguageModelTask", "AnswerTask", "RegressionTask",
            "TokenClassificationTask", "ClassificationTask", "TaskDataError", "IGNORE_INDEX", "lm_loss"]
@@ -243,7 +243,7 @@ def _f64(*values) -> torch.Tensor:
 # ------------------------------------------------------------------------------ language modelling
 class LanguageModelTask(Task):
     """Next-token prediction on token streams: ``train`` and ``val`` (and optionally ``test``)
-    :class:`~cemlib.train.data.TokenBatches` of random windows. Evaluation: ``eval_batches`` fixed
+    :class:`~cemlib.train.batches.TokenBatches` of random windows. Evaluation: ``eval_batches`` fixed
     random windows per split, the loss averaged over batches; the train split is evaluated on its
     own stream seeded ``train.seed + 1``. ``tokenizer``: what decodes the ids (e.g.
     :meth:`cemlib.data.shakespeare.CharTokenizer.to_dict`), kept in ``info["tokenizer"]`` so that

@@ -20,7 +20,8 @@ from torch import nn
 
 from cemlib.train.checkpoint import CheckpointError, check_model_state, load_checkpoint
 from cemlib.train.config import ConfigError
-from cemlib.train.runs import newest_checkpoint
+from cemlib.train.folders import newest_checkpoint
+from cemlib.train.registry import EXPERIMENTS
 
 __all__ = ["TrainedModel", "find_checkpoint", "load_trained", "stored_tokenizer"]
 
@@ -123,7 +124,6 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     Raises :class:`~cemlib.train.checkpoint.CheckpointError` (unreadable, corrupted or mismatched
     file) or :class:`~cemlib.train.config.ConfigError` (an experiment this process does not know,
     e.g. one a chapter registered)."""
-    from cemlib.train.experiments import EXPERIMENTS
     ckpt = find_checkpoint(path)
     payload = load_checkpoint(ckpt, map_location="cpu")
     cfg = payload["config"]

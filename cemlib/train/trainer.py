@@ -8,7 +8,7 @@ written to ``out_dir/results.json``). One optimiser step consumes global batch `
 task's train split, so the data position is the step counter.
 
 Under misuse: ``out_dir`` is created and proved writable before the first step, and held by one
-writer at a time (:func:`~cemlib.train.runs.out_dir_lock`); SIGINT / SIGTERM (Ctrl-C) finish the
+writer at a time (:func:`~cemlib.train.folders.out_dir_lock`); SIGINT / SIGTERM (Ctrl-C) finish the
 current step (or stop the final evaluation), save a checkpoint and the results so far, and raise
 :class:`TrainingInterrupted` (the command line exits with 128 + the signal number); a NaN/Inf in
 the loss, the gradients or a layer's own finite check, or parameters made non-finite by an update,
@@ -20,7 +20,7 @@ Besides ``results.json`` and the checkpoints, ``out_dir`` receives ``best.pt`` (
 best evaluation after step 0 by the task's primary metric, e.g. ``val_accuracy``), ``train_log.csv`` and
 ``eval_log.csv`` (every logged step; ``elapsed_s`` is the training wall time) and, with
 ``log=("tensorboard",)`` and the ``tensorboard`` package installed, TensorBoard event files.
-``Trainer(model, train, val, cfg)`` with two :class:`~cemlib.train.data.TokenBatches` is language
+``Trainer(model, train, val, cfg)`` with two :class:`~cemlib.train.batches.TokenBatches` is language
 modelling (the original form).
 """
 
@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from cemlib.train import checkpoint as ckpt
 from cemlib.train.config import ExperimentConfig, micro_batch_size, resolve_precision, uses_cuda_graphs
-from cemlib.train.data import TokenBatches
+from cemlib.train.batches import TokenBatches
 from cemlib.train.tasks import LanguageModelTask, Task, lm_loss  # lm_loss: re-exported
 from cemlib.train.config import ConfigError
 from cemlib.train.distributed import (DistInfo, all_reduce_mean, init_distributed, resolve_device, unwrap_model,
@@ -56,8 +56,8 @@ from cemlib.train.distributed import (DistInfo, all_reduce_mean, init_distribute
 from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer, make_scheduler
 from cemlib.train.results import SCHEMA, environment_info, git_commit, save_results
-from cemlib.train.runs import out_dir_lock, run_id
-from cemlib.train.task_data import recorded_config
+from cemlib.train.folders import out_dir_lock, run_id
+from cemlib.train.datasets import recorded_config
 from cemlib.utils import seed_everything
 
 __all__ = ["Trainer", "NonFiniteError", "TrainingInterrupted", "lm_loss", "choose_precision",
@@ -193,7 +193,7 @@ class Trainer:
     results as the exact reproduce command. ``strategy`` is ``"ddp"`` or ``"fsdp"`` under torchrun.
     ``loss_fn(model, *batch)``, if given, replaces the task's training loss (not its metrics).
     ``started_at`` (``time.time()``) is when the run began (process start or the
-    :func:`~cemlib.train.experiments.run_experiment` call; default: now), for the start-up time in
+    :func:`~cemlib.train.run.run_experiment` call; default: now), for the start-up time in
     the results; ``notes`` are lines recorded in the results (e.g. a clamped warm-up).
     ``results_path`` is where the results go (default ``out_dir/results.json``; a grid run writes
     ``<out>/<run>.json`` beside its folder); ``extra`` holds entries added to the results (e.g. a
@@ -459,7 +459,7 @@ class Trainer:
         """Train to ``cfg.train.max_steps`` (or stop early after step ``until`` with a checkpoint).
 
         ``resume`` continues from a checkpoint (or a run folder: its newest checkpoint, see
-        :func:`~cemlib.train.runs.newest_checkpoint`); on CPU the result is bit-identical to an
+        :func:`~cemlib.train.folders.newest_checkpoint`); on CPU the result is bit-identical to an
         uninterrupted run. Raises :class:`NonFiniteError` on NaN/Inf after saving ``last_good.pt``,
         and :class:`TrainingInterrupted` after SIGINT / SIGTERM (checkpoint and results so far
         saved). At ``max_steps`` the final model is also evaluated on the whole validation split;
@@ -478,7 +478,7 @@ class Trainer:
     def _fit(self, resume, until) -> dict:
         tc = self.cfg.train
         if resume is not None:
-            from cemlib.train.runs import resolve_checkpoint
+            from cemlib.train.folders import resolve_checkpoint
             self.load_checkpoint(resolve_checkpoint(resume))
         stop = tc.max_steps if until is None else until
         if not self.step <= stop <= tc.max_steps:
@@ -768,7 +768,7 @@ class Trainer:
                 path = self.save_checkpoint(self.out_dir / "last_good.pt", rng=rng)
                 saved = f"last good state (before step {self.step}) saved to {path.name}"
             else:
-                from cemlib.train.runs import newest_checkpoint
+                from cemlib.train.folders import newest_checkpoint
                 newest = newest_checkpoint(self.out_dir)
                 saved = ("the state before this step is not kept (no checkpoint holds non-finite values); "
                          + (f"the newest checkpoint is {newest.name}" if newest else "no checkpoint was saved yet"))
@@ -795,7 +795,7 @@ class Trainer:
         ``"complete"``, ``"interrupted"`` (a signal, also one during the final evaluation) or
         ``"partial"`` (stopped at ``until``). ``metrics["best"]`` is the best evaluation by the
         task's primary metric (its value, step and ``best.pt``); ``config`` leaves out the fields
-        the dataset does not read; ``run_id`` names the run (:func:`~cemlib.train.runs.run_id`)."""
+        the dataset does not read; ``run_id`` names the run (:func:`~cemlib.train.folders.run_id`)."""
         tc = self.cfg.train
         device, versions = environment_info(self.device, self.dist.world_size)
         peak_tflops, peak_source = tc.peak_tflops, "train.peak_tflops"

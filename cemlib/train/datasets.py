@@ -7,7 +7,7 @@ dataset itself, ``train.seed`` the model initialisation and the batch order, so 
 experiment train on the same data.
 
 :func:`check_data_config` validates a config's data side before anything loads (it runs in
-:func:`~cemlib.train.experiments.get_config`): the dataset name, every ``task.*`` option's name,
+:func:`~cemlib.train.registry.get_config`): the dataset name, every ``task.*`` option's name,
 type and range (numbers finite, ``data_seed`` >= 0, ``n_*`` >= 1, ``*_fraction`` in (0, 1)), and
 that the fields a dataset does not read (:func:`unused_fields`: ``data.path``,
 ``data.val_fraction``, ``train.context_length``) keep their preset's values instead of being
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from cemlib.train.config import ConfigError
-from cemlib.train.data import TokenBatches
+from cemlib.train.batches import TokenBatches
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask,
                                 RegressionTask, Task, TaskDataError, TokenClassificationTask)
 

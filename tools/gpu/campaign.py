@@ -6,18 +6,18 @@ tree without ``.git`` and without network). :data:`PLAN` lists every run as a re
 ``python -m cemlib.train`` command, with the ``book/results/<folder>`` it belongs to, its plan
 (1: the first ≤ 25 GPU-minutes, 2: after it) and why it is there. One device call::
 
-    CEMLIB_GIT_COMMIT=<the commit of the copied tree> python -m cemlib.train.campaign run --plan 1 \\
+    CEMLIB_GIT_COMMIT=<the commit of the copied tree> python tools/gpu/campaign.py run --plan 1 \\
         --budget-s 540 --out runs/campaign --export "$OUT/campaign.tar"
 
 runs the plan's runs in order, each as its own process: a run whose results already exist (in
 ``--out``, or already imported into ``book/results``) is skipped, so the next call continues;
-before it starts a run it checks the run's estimate (:mod:`cemlib.train.budget`) against the time
+before it starts a run it checks the run's estimate (``budget.py``) against the time
 left, and a run still going when the budget ends is stopped with SIGTERM (the trainer then saves
 its checkpoint and partial results) and is left for the next call. After every run, ``--export``
 is rewritten: one tar of every finished results file, the campaign log (``campaign.json``: each
 run's command, estimate, measured wall time, exit status) and each run's output, since the device
 returns few files. It prints what it ran, skipped and what is left. On the repository's machine,
-``python -m cemlib.train.import_results campaign.tar`` checks the files and copies them into
+``python tools/gpu/import_results.py campaign.tar`` checks the files and copies them into
 ``book/results/<folder>/``. ``--jobs 2`` lets two runs share the GPU (the small models here leave
 it mostly idle; the estimate check then assumes neither goes faster, and the tokens/s those runs
 record are not clean measurements: the log says which ran together).
@@ -67,8 +67,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        """The file-name stem, as :func:`cemlib.train.grid.run_name` names a grid's runs."""
-        from cemlib.train.grid import run_name
+        """The file-name stem, as :func:`cemlib.train.folders.run_name` names a grid's runs."""
+        from cemlib.train.folders import run_name
         return run_name(self.experiment, [], self.seed)
 
     @property
@@ -78,7 +78,7 @@ class Run:
     @property
     def command(self) -> str:
         """The recorded command (what the results file's ``command`` must say)."""
-        from cemlib.train.experiments import reproduce_command
+        from cemlib.train.registry import reproduce_command
         return reproduce_command(self.experiment, self.preset, self.overrides)
 
     def argv(self, out_dir: Path, extra=()) -> list[str]:
@@ -150,7 +150,7 @@ def dry_overrides(experiment: str, preset: str = "gpu", steps: int = 3) -> list[
     context 32 for language models, evaluations at the start and the end only (one batch of the
     train split, validation and test splits of a few examples), no whole-split evaluation. The
     model keeps the preset's size."""
-    from cemlib.train.experiments import get_config
+    from cemlib.train.registry import get_config
     cfg = get_config(experiment, preset)
     out = [f"train.max_steps={steps}", f"train.eval_interval={steps}", "train.eval_batches=1",
            "train.batch_size=2", "train.grad_accum=1", "train.final_whole_eval=false", "train.log_interval=1",
@@ -193,7 +193,7 @@ def export_archive(out_dir: Path, archive: Path) -> Path:
 
 
 def _default_estimate(run: Run) -> float | None:
-    from cemlib.train.budget import preset_estimate
+    from budget import preset_estimate
     e = preset_estimate(run.experiment, run.preset, run.overrides)
     return None if e is None else e.total_s
 
@@ -296,7 +296,7 @@ def run_campaign(runs: list[Run], out_dir: str | Path, budget_s: float, export: 
             left_s = deadline - time.monotonic()
             if est is None or margin * est > left_s:   # does not fit even alone: left for the next call
                 pending.pop(0)
-                why = "no current estimate (python -m cemlib.train.budget --update)" if est is None else \
+                why = "no current estimate (python tools/gpu/budget.py --update)" if est is None else \
                     f"needs ~{est / 60:.1f} min, {max(0.0, left_s) / 60:.1f} min left"
                 call["left"].append({"run": run.file, "estimate_s": est, "why": why})
                 say(f"left  {run.file}: {why}")
@@ -331,7 +331,7 @@ def run_campaign(runs: list[Run], out_dir: str | Path, budget_s: float, export: 
 
 
 def _print_plan(runs: list[Run]) -> None:
-    from cemlib.train.budget import load_counts, preset_estimate
+    from budget import load_counts, preset_estimate
     store = load_counts()
     total = 0.0
     for r in runs:
@@ -343,7 +343,7 @@ def _print_plan(runs: list[Run]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cemlib.train.campaign", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python tools/gpu/campaign.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     pl = sub.add_parser("plan", help="list the runs with their estimated H100 minutes")
     rn = sub.add_parser("run", help="run the plan's runs that fit the budget")

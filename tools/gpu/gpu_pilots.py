@@ -10,10 +10,10 @@ held-out tail), until the same dynamics appear within a few hundred steps: a val
 a plateau, then a rise while the training loss keeps falling. Each pilot is one recorded
 ``python -m cemlib.train`` command, run on one thread under ``nice``::
 
-    python benchmarks/gpu_pilots.py --run r1_llama_d02_const240   # -> benchmarks/results/pilots/
-    python benchmarks/gpu_pilots.py --summary                     # the table of every stored pilot
+    python tools/gpu/gpu_pilots.py --run r1_llama_d02_const240   # -> benchmarks/results/pilots/
+    python tools/gpu/gpu_pilots.py --summary                     # the table of every stored pilot
 
-The preset comments in ``cemlib/train/experiments.py`` quote these files.
+``benchmarks/NOTES.md`` ("Preset choices") quotes these files; the presets name them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "benchmarks" / "results" / "pilots"
 
 _SMALL = ["model.d_model=128", "model.n_layers=4", "model.n_heads=4"]
@@ -72,7 +72,7 @@ PILOTS: dict[str, tuple[str, list[str], str]] = {
 
 def command(name: str) -> str:
     """The recorded command of pilot ``name`` (what its results file's ``command`` says)."""
-    from cemlib.train.experiments import reproduce_command
+    from cemlib.train.registry import reproduce_command
     experiment, overrides, _ = PILOTS[name]
     return reproduce_command(experiment, "cpu", overrides)
 

@@ -1,6 +1,6 @@
-"""The gpu presets and what prepares their GPU runs, on the CPU: the budget (cemlib.train.budget), the
-campaign (cemlib.train.campaign), the import (cemlib.train.import_results) and the chapters' GPU
-tables (cemlib.evidence.tables)."""
+"""The gpu presets and the tools that prepare their GPU runs, on the CPU: the budget
+(``tools/gpu/budget.py``), the campaign (``campaign.py``) and the import of its results
+(``import_results.py``)."""
 
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ import torch.nn.functional as F
 
 from cemlib.models.lm import LanguageModel, LMConfig
 from cemlib.models.params import flops_per_token
-from cemlib.train import budget
-from cemlib.train.budget import (FAMILIES, H100_PEAK_TFLOPS, STARTUP_S, TRAINER_STEP_S, StepCounts, cached_counts,
-                                 count_ops, count_step, estimate, fingerprint, load_counts, preset_estimate)
-from cemlib.train.campaign import PLAN, Run, dry_overrides, plan_runs, run_campaign
 from cemlib.train.config import ConfigError
-from cemlib.train.experiments import EXPERIMENTS, get_config, run_experiment
-from cemlib.evidence.tables import (NOT_RUN, Row, best_evaluation, final_metric,
-                                    gpu_results_table)
-from cemlib.train.import_results import check_results, import_campaign
+from cemlib.train.registry import EXPERIMENTS, get_config
+from cemlib.train.run import run_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+import budget  # noqa: E402
+from budget import (FAMILIES, H100_PEAK_TFLOPS, STARTUP_S, TRAINER_STEP_S, StepCounts, cached_counts,  # noqa: E402
+                    count_ops, count_step, estimate, fingerprint, load_counts, preset_estimate)
+from campaign import PLAN, Run, dry_overrides, plan_runs, run_campaign  # noqa: E402
+from import_results import check_results, import_campaign  # noqa: E402
 GPU_PRESETS = sorted(name for name, exp in EXPERIMENTS.items() if "gpu" in exp.presets)
 
 
@@ -63,7 +63,7 @@ def test_every_gpu_preset_has_current_counts_and_fits_three_minutes():
     for name in GPU_PRESETS:
         cfg = get_config(name, "gpu")
         assert cached_counts(cfg, store) is not None, \
-            f"{name}/gpu changed since it was counted: python -m cemlib.train.budget --update"
+            f"{name}/gpu changed since it was counted: python tools/gpu/budget.py --update"
         e = preset_estimate(name, "gpu", store=store)
         if e.minutes > OVER_THREE_MINUTES.get(name, 3.0):
             over[name] = round(e.minutes, 2)
@@ -81,7 +81,7 @@ def test_gpu_presets_evaluate_often_enough():
 
 
 def test_shakespeare_train_chars_shortens_the_training_stream_only():
-    from cemlib.train.task_data import make_task
+    from cemlib.train.datasets import make_task
     full = make_task(get_config("shakespeare-llama", "cpu"))
     short = make_task(get_config("shakespeare-llama", "cpu", ["task.train_chars=10000"]))
     assert short.train.tokens.numel() == 10_000
@@ -144,18 +144,14 @@ def test_step_model_reproduces_the_h100_training_step_benchmark(path, one_thread
 
 
 def test_stored_pilots_are_clean_runs_of_their_recorded_commands():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_pilots
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    import gpu_pilots
     rows = {r["pilot"]: r for r in gpu_pilots.summary_rows()}
     assert set(rows) == set(gpu_pilots.PILOTS)  # every pilot the preset comments quote is stored
     for name in gpu_pilots.PILOTS:
         res = json.loads((gpu_pilots.STORE / f"{name}.json").read_text())
         assert res["command"] == gpu_pilots.command(name) and res["status"] == "complete"
         assert len(res["git_commit"]) == 40 and "+" not in res["git_commit"]
-    # the numbers SHAKESPEARE_GPU_TRAIN's comment rests on
+    # the numbers the Shakespeare gpu preset's choices rest on (benchmarks/NOTES.md)
     assert rows["r4_llama_d02_cos165"]["final_whole_val"] < min(rows["r3_llama_d02_cos110"]["final_whole_val"],
                                                                  rows["r6_llama_d02_cos220"]["final_whole_val"])
     assert rows["r1_llama_d02_const240"]["best_step"] == rows["r5_cem_d02_const240"]["best_step"] == 110
@@ -190,7 +186,7 @@ def _env():
 
 def test_campaign_dry_run_continues_where_it_stopped_and_exports(tmp_path):
     out, tar = tmp_path / "out", tmp_path / "export" / "campaign.tar"
-    base = [sys.executable, "-m", "cemlib.train.campaign", "run", "--dry-run", "--plan", "1", "--limit", "2",
+    base = [sys.executable, str(ROOT / "tools" / "gpu" / "campaign.py"), "run", "--dry-run", "--plan", "1", "--limit", "2",
             "--out", str(out), "--export", str(tar)]
     # each dry run is assumed to take 270 s: 1.1 x 270 s fits the 300 s budget once, not twice
     first = subprocess.run(base + ["--budget-s", "300", "--dry-estimate-s", "270"], capture_output=True, text=True,
@@ -220,7 +216,7 @@ def test_campaign_dry_run_continues_where_it_stopped_and_exports(tmp_path):
 
 def test_campaign_stops_a_run_at_the_end_of_its_budget(tmp_path, monkeypatch):
     """A run still going when the budget ends gets SIGTERM and is left for the next call."""
-    import cemlib.train.campaign as campaign
+    import campaign
     run = Run("shakespeare-llama", 0, "x", 1, "test")
     monkeypatch.setattr(campaign, "dry_overrides",
                         lambda experiment, preset="gpu", steps=3: dry_overrides(experiment, preset, steps=100_000))
@@ -297,60 +293,3 @@ def test_import_accepts_a_gpu_run_of_the_plan_and_refuses_each_fault(gpu_like_re
     stored = json.loads((tmp_path / "results" / run.file).read_text())
     assert stored["metrics"] == res["metrics"] and stored["provenance"]["source"] == "campaign"
     assert (tmp_path / "results" / run.folder / "summary.md").is_file()
-
-
-def test_gpu_table_says_plainly_when_no_gpu_run_exists(tmp_path):
-    rows = [Row("Llama", "shakespeare-llama", "1.4697 (nanoGPT)"), Row("full CEM", "shakespeare-cem")]
-    t = gpu_results_table(tmp_path / "shakespeare_gpu", rows)
-    assert not t.available and t.device is None
-    assert [r[2] for r in t.rows] == [NOT_RUN, NOT_RUN] and t.rows[0][5] == "1.4697 (nanoGPT)"
-    assert "have not been made yet" in t.note
-    for r in plan_runs(folder="shakespeare_gpu"):
-        if r.experiment in ("shakespeare-llama", "shakespeare-cem"):
-            assert r.command in t.note
-    assert "not yet run" in t.markdown() and "have not been made yet" in repr(t)
-
-
-def test_gpu_table_shows_stored_gpu_runs_beside_cpu_runs(gpu_like_results, tmp_path):
-    run, res, _ = gpu_like_results
-    gpu_dir = tmp_path / run.folder
-    gpu_dir.mkdir()
-    seeds = []
-    for seed in (0, 1):
-        r = copy.deepcopy(res)
-        r["config"]["train"]["seed"] = seed
-        r["metrics"]["final_whole_val"] = {"val_loss": 1.40 + 0.02 * seed}
-        (gpu_dir / f"run{seed}.json").write_text(json.dumps(r))
-        seeds.append(r)
-    cpu = copy.deepcopy(res)
-    cpu["preset"], cpu["device"] = "cpu", {"type": "cpu", "name": "x", "count": 1, "label": "CPU"}
-    cpu["metrics"]["final_whole_val"] = {"val_loss": 1.80}
-    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
-    t = gpu_results_table(gpu_dir, [Row("Llama", run.experiment, "1.4697"), Row("other", "shakespeare-cem")],
-                          cpu=tmp_path / "cpu.json")
-    live = copy.deepcopy(cpu)
-    live["metrics"]["final_whole_val"] = {"val_loss": 1.90}
-    both = gpu_results_table(gpu_dir, [Row("Llama", run.experiment)], cpu=[tmp_path / "cpu.json", live])
-    assert both.rows[0][4] == f"1.850 ± {math.sqrt(2 * 0.05 ** 2):.3f} (2 runs)"  # one seed, twice
-    assert t.available and t.device == "NVIDIA H100 80GB HBM3" and "NVIDIA H100 80GB HBM3" in t.note
-    mean, sd = 1.41, math.sqrt(2 * 0.01 ** 2)
-    assert t.rows[0][2] == f"{mean:.3f} ± {sd:.3f} (2 seeds)" and t.rows[0][4] == "1.800 (1 seed)"
-    value, step, metric = best_evaluation(seeds[0])
-    assert metric == "val_loss" and f"step {step}" in t.rows[0][3]
-    assert final_metric(seeds[1], "val_loss") == pytest.approx(1.42)
-    assert t.rows[1][2] == NOT_RUN and "Not yet run: shakespeare-cem" in t.note
-
-
-def test_gpu_results_table_finds_the_stored_results_from_any_folder(tmp_path, monkeypatch):
-    """A chapter opened alone (working directory without the repository) names its folders as
-    ``results/<folder>``: the CPU folder is found among the stored results, and a GPU folder that no
-    campaign made yet gives "not yet run" instead of an error."""
-    from cemlib.evidence.tables import Row, gpu_results_table
-    monkeypatch.chdir(tmp_path)
-    table = gpu_results_table("results/no_such_gpu_folder", [Row("Llama", "shakespeare-llama")],
-                              cpu="results/shakespeare_blocks_cpu")
-    text = repr(table)
-    assert "not yet run" in text
-    assert "± " in text.splitlines()[1] or "seed" in text.splitlines()[1]  # the CPU runs were read
-    cpu_cell = table.rows[0][4]
-    assert cpu_cell not in ("—", "not yet run", ""), cpu_cell

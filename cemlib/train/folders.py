@@ -5,7 +5,7 @@ after ``--set``): :func:`run_id` is the first 8 hexadecimal digits of the SHA-25
 :func:`identity_config`, the config without the fields that change neither the training nor the
 metrics (``train.checkpoint_interval``, ``train.log_interval``, ``train.peak_tflops``) and without
 those the dataset does not use (``train.context_length`` for ListOps, ``data.path`` for generated
-data, ...; :func:`~cemlib.train.task_data.unused_fields`). A single run's default folder is
+data, ...; :func:`~cemlib.train.datasets.unused_fields`). A single run's default folder is
 ``runs/<experiment>-<preset>-<run id>`` (:func:`default_out_dir`); a grid run's files are named
 :func:`grid_stem`, e.g. ``gp_cem_t2__task.kernel-matern__seed1__cpu-3f09a1c2``. Two runs are the
 same run when their identity configs are equal (:func:`identity_differences`), whatever their
@@ -18,8 +18,8 @@ how to go on: ``--resume``, ``--overwrite`` or another ``--out``); :func:`newest
 what ``--resume FOLDER`` continues from.
 
 *Writers.* :func:`out_dir_lock` makes a process the only writer of a folder: a second process that
-tries is refused with a message naming the holder (pid, host, command). The lock is an advisory
-``flock`` on ``.cemlib-lock`` in the folder, released when the process ends, however it ends.
+tries is refused with a message naming the holder (pid, host, command). The lock is ``filelock``'s
+OS file lock on ``.cemlib-lock`` in the folder, released when the process ends, however it ends.
 """
 
 from __future__ import annotations
@@ -34,9 +34,14 @@ import sys
 import time
 from pathlib import Path
 
+from cemlib.train.checkpoint import CheckpointError, load_checkpoint
+from cemlib.train.config import ConfigError, ExperimentConfig
+from cemlib.train.datasets import unused_fields
+from cemlib.train.results import ResultsError, load_results
+
 __all__ = ["RunFolderError", "NON_IDENTITY_FIELDS", "LATER_FIELDS", "drop_later_defaults", "identity_config", "identity_differences", "identity_key",
            "run_id",
-           "default_out_dir", "grid_stem", "run_artifacts", "newest_checkpoint", "resolve_checkpoint",
+           "default_out_dir", "run_name", "grid_stem", "run_artifacts", "newest_checkpoint", "resolve_checkpoint",
            "folder_run", "check_run_folder", "out_dir_lock", "LOCK_NAME", "name_max"]
 
 #: fields that change neither what a run trains nor what it measures
@@ -46,6 +51,7 @@ NON_IDENTITY_FIELDS = ("train.checkpoint_interval", "train.log_interval", "train
 #: (and resumes); any other value makes another run
 LATER_FIELDS = {"train.compile_mode": "default"}
 LOCK_NAME = ".cemlib-lock"
+HOLDER_NAME = ".cemlib-lock.holder"
 _CKPT = re.compile(r"^ckpt_(\d+)\.pt$")
 
 
@@ -58,7 +64,6 @@ class RunFolderError(RuntimeError):
 def _as_dict(cfg) -> dict:
     """A config (``ExperimentConfig`` or its dict, possibly from an older results file) as the
     dict of the current ``ExperimentConfig``, every field present."""
-    from cemlib.train.config import ExperimentConfig
     if isinstance(cfg, dict):
         cfg = ExperimentConfig.from_dict(cfg)
     return cfg.to_dict()
@@ -66,7 +71,6 @@ def _as_dict(cfg) -> dict:
 
 def identity_config(cfg) -> dict:
     """The part of a config that makes a run what it is (see the module docstring)."""
-    from cemlib.train.task_data import unused_fields
     d = _as_dict(cfg)
     for dotted in (*NON_IDENTITY_FIELDS, *unused_fields(d["data"]["name"])):
         section, name = dotted.split(".")
@@ -138,11 +142,18 @@ def name_max(folder: str | Path) -> int:
         return 255
 
 
+def run_name(experiment: str, overrides, seed: int) -> str:
+    """File-name stem of one grid run: ``gp_cem_t2__task.kernel-matern__seed1``."""
+    parts = [experiment.replace("-", "_")]
+    parts += [o.replace("=", "-").replace("/", "_") for o in overrides]
+    return "__".join(parts + [f"seed{seed}"])
+
+
+
 def grid_stem(experiment: str, preset: str, overrides, seed: int, cfg, limit: int = 200) -> str:
-    """File stem of a grid run: :func:`~cemlib.train.grid.run_name` (experiment, grid values,
-    seed), then ``__<preset>-<run id>``. If that is longer than ``limit`` characters, the grid values
-    are shortened (ending in ``~``); the run id still tells runs apart."""
-    from cemlib.train.grid import run_name
+    """File stem of a grid run: :func:`run_name` (experiment, grid values, seed), then
+    ``__<preset>-<run id>``. If that is longer than ``limit`` characters, the grid values are
+    shortened (ending in ``~``); the run id still tells runs apart."""
     tail = f"__{preset}-{run_id(cfg)}"
     stem = run_name(experiment, overrides, seed) + tail
     if len(stem.encode()) <= limit:
@@ -187,7 +198,6 @@ def newest_checkpoint(folder: str | Path) -> Path | None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """``--resume`` accepts a checkpoint file or a run folder (its :func:`newest_checkpoint`)."""
-    from cemlib.train.checkpoint import CheckpointError
     path = Path(path)
     if path.is_dir():
         found = newest_checkpoint(path)
@@ -206,7 +216,6 @@ def folder_run(folder: str | Path) -> dict | None:
     folder = Path(folder)
     res = folder / "results.json"
     if res.is_file():
-        from cemlib.train.results import ResultsError, load_results
         try:
             r = load_results(res)
             return {"config": r["config"], "status": r.get("status", "complete"),
@@ -215,7 +224,6 @@ def folder_run(folder: str | Path) -> dict | None:
             pass
     ck = newest_checkpoint(folder)
     if ck is not None:
-        from cemlib.train.checkpoint import CheckpointError, load_checkpoint
         try:
             p = load_checkpoint(ck)
             return {"config": p["config"], "status": "checkpoint", "step": int(p["step"]), "source": ck}
@@ -232,7 +240,6 @@ def check_run_folder(folder: str | Path, cfg, *, resuming: bool = False, overwri
     may hold the same run (and nothing else). Otherwise a folder that holds a run is refused with
     :class:`RunFolderError`, unless ``overwrite``: then the run files (and ``extra``, e.g. a grid
     run's results file) are deleted, and returned."""
-    from cemlib.train.config import ConfigError
     folder = Path(folder)
     found = run_artifacts(folder)
     if not found:
@@ -268,7 +275,7 @@ def check_run_folder(folder: str | Path, cfg, *, resuming: bool = False, overwri
 
 
 # ------------------------------------------------------------------------------ one writer per folder
-_HELD: dict[str, list] = {}  # resolved folder -> [fd, count]: nested holds in this process
+_HELD: dict[str, list] = {}  # resolved folder -> [FileLock, count]: nested holds in this process
 
 
 def _describe_self() -> str:
@@ -281,13 +288,10 @@ def _describe_self() -> str:
 def out_dir_lock(folder: str | Path):
     """Hold ``folder`` as its only writer while the block runs (re-entrant in one process).
 
-    Raises :class:`RunFolderError` naming the process that holds it. Where ``fcntl`` is missing
-    (Windows) the block runs without a lock."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
+    The lock is ``filelock``'s (an OS file lock on ``.cemlib-lock``, released when the process
+    ends, however it ends); the holder writes who it is to ``.cemlib-lock.holder``, so a second
+    writer is refused with a :class:`RunFolderError` naming it (pid, host, command)."""
+    from filelock import FileLock, Timeout
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     key = str(folder.resolve())
@@ -298,35 +302,22 @@ def out_dir_lock(folder: str | Path):
         finally:
             _HELD[key][1] -= 1
         return
-    path = folder / LOCK_NAME
-    for _ in range(10):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                holder = os.pread(fd, 1000, 0).decode(errors="replace").strip() or "another process"
-            finally:
-                os.close(fd)
-            raise RunFolderError(f"out_dir {folder} is in use by another writer ({holder}); wait until it "
-                                 f"ends, or choose another --out") from None
-        try:  # the file may have been removed and re-created by a holder that just ended
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    else:  # pragma: no cover - a folder whose lock file keeps being replaced
-        raise RunFolderError(f"out_dir {folder}: could not take its lock file {LOCK_NAME}")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (_describe_self() + "\n").encode(), 0)
-    _HELD[key] = [fd, 1]
+    lock, holder = FileLock(folder / LOCK_NAME, timeout=0), folder / HOLDER_NAME
     try:
+        lock.acquire()
+    except Timeout:
+        try:
+            who = holder.read_text(errors="replace").strip() or "another process"
+        except OSError:
+            who = "another process"
+        raise RunFolderError(f"out_dir {folder} is in use by another writer ({who}); wait until it "
+                             f"ends, or choose another --out") from None
+    try:
+        holder.write_text(_describe_self() + "\n")
+        _HELD[key] = [lock, 1]
         yield
     finally:
-        del _HELD[key]
+        _HELD.pop(key, None)
         with contextlib.suppress(OSError):
-            os.unlink(path)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+            holder.unlink()
+        lock.release()

@@ -1,7 +1,7 @@
 """Import the GPU campaign's results into ``book/results/``, after checking each file.
 
-``python -m cemlib.train.import_results campaign.tar`` (or a folder laid out as ``--out`` of
-:mod:`cemlib.train.campaign`) checks every results file against :data:`~cemlib.train.campaign.PLAN`
+``python tools/gpu/import_results.py campaign.tar`` (or a folder laid out as ``--out`` of
+``campaign.py``) checks every results file against ``campaign.PLAN``
 and copies the good ones to ``book/results/<folder>/<name>.json`` with a ``provenance`` entry
 (where and when it was imported, the SHA-256 of the file as received, and the campaign log's
 record of the run: estimate, measured wall time). A file is refused, with the reason, unless
@@ -67,10 +67,10 @@ def _finite(x) -> bool:
 def check_results(file: str, raw: bytes, repo: Path | None = None, plan=None) -> Checked:
     """Check one results file (``file`` = ``<folder>/<name>.json`` as the campaign wrote it) and
     return what is wrong with it (see the module docstring); ``repo=None`` skips the git check."""
-    from cemlib.train.budget import fingerprint
-    from cemlib.train.campaign import PLAN
+    from budget import fingerprint
+    from campaign import PLAN
     from cemlib.train.config import ConfigError, ExperimentConfig
-    from cemlib.train.experiments import get_config
+    from cemlib.train.registry import get_config
     from cemlib.train.results import SCHEMA
     problems: list[str] = []
     try:
@@ -188,7 +188,7 @@ def import_campaign(source: str | Path, dest: str | Path = "book/results", repo:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cemlib.train.import_results", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python tools/gpu/import_results.py", description=__doc__.splitlines()[0])
     p.add_argument("source", help="the campaign's tar (--export) or its output folder (--out)")
     p.add_argument("--dest", default="book/results", help="where the results go (default book/results)")
     p.add_argument("--check-only", action="store_true", help="check, copy nothing")

@@ -31,7 +31,7 @@ Counting loads the task's data and builds the model, which takes tens of seconds
 so the counts of the registered ``gpu`` presets are stored in ``gpu_counts.json`` beside this
 module, each under a fingerprint of the resolved configuration (seed excluded): ``python -m
 cemlib.train --list`` and the GPU campaign read them, a preset whose configuration changed shows
-no estimate until ``python -m cemlib.train.budget --update`` counts it again (a test checks that
+no estimate until ``python tools/gpu/budget.py --update`` counts it again (a test checks that
 every gpu preset has current counts and that a recount reproduces them).
 """
 
@@ -105,8 +105,8 @@ COUNTS_FILE = Path(__file__).with_name("gpu_counts.json")
 def fingerprint(cfg: ExperimentConfig) -> str:
     """A short hash of the resolved configuration, ``train.seed`` excluded (seeds change neither
     the model's size nor the data's), and fields added since the counts were stored left out at
-    the value those configurations had (``cemlib.train.runs.drop_later_defaults``)."""
-    from cemlib.train.runs import drop_later_defaults
+    the value those configurations had (``cemlib.train.folders.drop_later_defaults``)."""
+    from cemlib.train.folders import drop_later_defaults
     d = drop_later_defaults(cfg.to_dict())
     d["train"] = {k: v for k, v in d["train"].items() if k != "seed"}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -190,8 +190,8 @@ def count_step(cfg: ExperimentConfig, probe_examples: int = 2, task_cache: dict 
     FLOPs and operations on ``probe_examples`` examples, evaluation batches at the preset's
     micro-batch size (one process). ``task_cache`` (a dict) keeps loaded tasks for the next
     configurations on the same data (with the time they took to load)."""
-    from cemlib.train.experiments import build
-    from cemlib.train.task_data import make_task
+    from cemlib.train.registry import build
+    from cemlib.train.datasets import make_task
     key = _task_key(cfg)
     if task_cache is not None and key in task_cache:
         task, data_s = task_cache[key]
@@ -298,21 +298,21 @@ def preset_estimate(experiment: str, preset: str = "gpu", overrides=(),
                     store: dict[str, StepCounts] | None = None) -> Estimate | None:
     """The estimate of a registered preset from the stored counts, or ``None`` if they are missing
     or stale (the configuration changed since it was counted)."""
-    from cemlib.train.experiments import get_config
+    from cemlib.train.registry import get_config
     cfg = get_config(experiment, preset, list(overrides))
     counts = cached_counts(cfg, store)
     return None if counts is None else estimate(cfg, counts)
 
 
 def _gpu_presets() -> list[str]:
-    from cemlib.train.experiments import EXPERIMENTS
+    from cemlib.train.registry import EXPERIMENTS
     return sorted(name for name, exp in EXPERIMENTS.items() if "gpu" in exp.presets)
 
 
 def update_counts(experiments=None, path: str | Path = COUNTS_FILE, verbose: bool = True) -> dict:
     """Count the ``gpu`` presets of ``experiments`` (default: all whose stored counts are missing or
     stale) and write ``path``; counts of presets no longer registered are dropped."""
-    from cemlib.train.experiments import get_config
+    from cemlib.train.registry import get_config
     torch.set_num_threads(1)
     store = load_counts(path)
     names = _gpu_presets()
@@ -328,7 +328,7 @@ def update_counts(experiments=None, path: str | Path = COUNTS_FILE, verbose: boo
             print(f"counted {name}/gpu in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     store = {k: v for k, v in store.items() if k.split("/")[0] in names}
     text = json.dumps({"schema": "cemlib.train.budget/1",
-                       "command": "python -m cemlib.train.budget --update",
+                       "command": "python tools/gpu/budget.py --update",
                        "counts": {k: asdict(store[k]) for k in sorted(store)}}, indent=1)
     Path(path).write_text(text + "\n")
     return store
@@ -340,7 +340,7 @@ def format_table(rows: list[tuple[str, Estimate | None]]) -> str:
     lines = [head]
     for name, e in rows:
         if e is None:
-            lines.append(f"{name:34s} {'?':>5s}  (no current counts: python -m cemlib.train.budget --update)")
+            lines.append(f"{name:34s} {'?':>5s}  (no current counts: python tools/gpu/budget.py --update)")
         else:
             lines.append(f"{name:34s} {e.minutes:5.1f} {e.steps:6d} {1e3 * e.step_s:8.1f} "
                          f"{e.evaluations:6d} {e.mfu:5.2f}  {e.family}")
@@ -348,7 +348,7 @@ def format_table(rows: list[tuple[str, Estimate | None]]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cemlib.train.budget",
+    p = argparse.ArgumentParser(prog="python tools/gpu/budget.py",
                                 description="Estimated H100 minutes of the gpu presets (see the module docstring).")
     p.add_argument("--update", action="store_true", help="count presets whose stored counts are missing or stale")
     p.add_argument("--experiment", action="append", help="only these experiments (with --update: recount them)")
