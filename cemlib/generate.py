@@ -10,6 +10,13 @@ prompt and what the model writes after it go to standard output; what was loaded
 standard error. ``--temperature 0`` is greedy decoding (the most likely character every time);
 without ``--seed`` a random seed is drawn and printed, so any sample can be drawn again.
 
+Sampling decodes with the model's cache (the prompt once, then one token at a time; see
+:mod:`cemlib.models.generation`); ``--no-cache`` runs the whole window at every step instead (the
+same text, slower). ``--context-length N`` samples with a window of ``N`` tokens instead of the one
+the model was trained with: only for the models of ``LanguageModel`` (Llama and CEM attention),
+whose positions (RoPE, ALiBi) have no learned table; past the trained length the text is
+extrapolation.
+
 Exit status: 0 on success, 2 for a wrong input (a file that is not a checkpoint, a checkpoint of a
 model that does not write text, a prompt with characters outside the vocabulary, a device that is
 not there), with one line that starts with ``error:``.
@@ -18,6 +25,7 @@ not there), with one line that starts with ``error:``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -48,6 +56,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:1, ... (default: CUDA when available, else the CPU)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="the sampling window in tokens (default: the trained one; LanguageModel only)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="run the whole window at every step instead of decoding with the cache")
     return p
 
 
@@ -75,6 +87,8 @@ def _generate(args) -> int:
         raise ValueError(f"--{str(err).replace('_', '-')}") from None
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be a positive integer, got {args.num_samples}")
+    if args.context_length is not None and args.context_length < 1:
+        raise ValueError(f"--context-length must be a positive integer, got {args.context_length}")
     try:
         device = default_device(args.device)
     except RuntimeError as err:  # an unknown device string, or CUDA asked for where there is none
@@ -90,6 +104,13 @@ def _generate(args) -> int:
                          f"file with data.path)")
     if not hasattr(run.model, "generate"):
         raise ValueError(f"{type(run.model).__name__} ({what}) does not generate text")
+    if args.context_length is not None:
+        from cemlib.models.lm import LanguageModel
+        if not isinstance(run.model, LanguageModel):
+            raise ValueError(f"--context-length: {type(run.model).__name__} ({what}) has a position "
+                             f"for each of its {run.model.context_length} tokens; only LanguageModel "
+                             f"(Llama and CEM attention) takes another window")
+        run.model.config = dataclasses.replace(run.model.config, context_length=args.context_length)
     tok = run.tokenizer
     unknown = sorted({c for c in args.prompt if c not in tok.stoi})
     if unknown:
@@ -106,7 +127,7 @@ def _generate(args) -> int:
           file=sys.stderr, flush=True)
     idx = tok.encode(args.prompt).to(device).unsqueeze(0).repeat(args.num_samples, 1)
     out = run.model.generate(idx, args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k, seed=seed)
+                             top_k=args.top_k, seed=seed, use_cache=not args.no_cache)
     for i, row in enumerate(out.tolist()):
         if i:
             print("-" * 40)

@@ -76,14 +76,21 @@ def refresh_alibi_buffer(module) -> None:
 
 def attention_bias(L: int, n_heads: int, *, alibi: torch.Tensor | None = None,
                    self_bias: torch.Tensor | None = None, cross_bias: torch.Tensor | None = None,
-                   dtype=torch.float32, device=None) -> torch.Tensor:
-    """Additive logit bias of shape (K, L, L), ``-inf`` above the diagonal (causal mask)."""
-    i = torch.arange(L, device=device)
-    dist = (i[:, None] - i[None, :]).to(dtype)  # i - j >= 0 on the allowed part
-    bias = torch.zeros(n_heads, L, L, dtype=dtype, device=device)
+                   dtype=torch.float32, device=None, n_queries: int | None = None) -> torch.Tensor:
+    """Additive logit bias of shape (K, L, L), ``-inf`` above the diagonal (causal mask).
+
+    ``n_queries``: the queries are the last ``n_queries`` of the ``L`` positions (decoding with a
+    cache: new tokens against every kept key); the result is then (K, n_queries, L), the last
+    ``n_queries`` rows of the square bias."""
+    n = L if n_queries is None else n_queries
+    if n_queries is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= L):
+        raise ValueError(f"n_queries must be an integer in 1..L={L}, got {n_queries!r}")
+    i, j = torch.arange(L - n, L, device=device), torch.arange(L, device=device)
+    dist = (i[:, None] - j[None, :]).to(dtype)  # i - j >= 0 on the allowed part
+    bias = torch.zeros(n_heads, n, L, dtype=dtype, device=device)
     if alibi is not None:
         bias = bias - alibi.to(dtype=dtype, device=device)[:, None, None] * dist.abs()
-    eye = torch.eye(L, dtype=torch.bool, device=device)
+    eye = i[:, None] == j[None, :]
     if self_bias is not None:
         b_self = self_bias.to(dtype=dtype, device=device)[:, None, None]
         bias = bias + torch.where(eye, b_self, bias.new_zeros(()))

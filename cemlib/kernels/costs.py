@@ -252,9 +252,16 @@ def mlp_cost(N: int, D_h: int, width: int, *, kind: str, elem_bytes: int = 2,
 
 def kv_cache_bytes_per_token(n_heads: int, head_dim: int, *, tied: bool, extra_width: int = 0,
                              elem_bytes: int = 2) -> int:
-    """Cache bytes one token adds per layer at inference: keys and values (``2 H d``) untied, one
-    ``kv`` (``H d``) tied, plus the keys of an extra pair (CEM's shared diagonal caches
-    ``RMSNorm(h_j)``, width ``D_h``)."""
+    """Bytes one token adds to one attention layer's decode cache (one application of the layer,
+    one sequence): keys and values (``2 H d``) untied, one ``kv`` (``H d``) tied, plus the keys of
+    an extra pair (CEM's diagonal, shared or per head, caches ``RMSNorm(h_j)``, width ``D_h``).
+
+    Tied layers: CEM attention (``W_V = W_K``), Newton's ``MHA2nd1st`` (its values are its keys)
+    and NRGPT's block as ``H = 1``, ``d = D`` (every head's key and value is the normalised
+    state ``g_j`` itself). A layer applied several times with new keys (plain reuse, a recurrent
+    block) pays it per application; CEM's recursion does not (its keys come from the layer's
+    input). :func:`cemlib.models.params.kv_cache_bytes_per_token` sums it over a model's layers;
+    :meth:`cemlib.layers.cache.KVCache.bytes_per_token` measures it on the kept tensors."""
     _positive(n_heads=n_heads, head_dim=head_dim, elem_bytes=elem_bytes)
     return ((1 if tied else 2) * n_heads * head_dim + extra_width) * elem_bytes
 

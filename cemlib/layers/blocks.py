@@ -34,8 +34,14 @@ class Block(nn.Module):
         super().__init__()
         self.attn, self.mlp = attn, mlp
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.attn(x))
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        """``mlp(attn(x))``; ``cache`` (decoding) is the attention step's decode cache (the MLP
+        acts on each token alone and keeps nothing)."""
+        return self.mlp(self.attn(x) if cache is None else self.attn(x, cache=cache))
+
+    def new_cache(self, capacity: int):
+        """The attention step's decode cache (a ``KVCache``, or a list under plain reuse)."""
+        return self.attn.new_cache(capacity)
 
 
 class CEMBlock(Block):

@@ -43,6 +43,7 @@ from cemlib.energies.cem import interaction_energy
 from cemlib.kernels import dispatch
 from cemlib.kernels.reference import alibi_slopes, refresh_alibi_buffer
 from cemlib.layers.base import EnergyLayer, check_norm_eps, check_step_size
+from cemlib.layers.cache import KVCache, tied_attention_cached
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.precondition import Preconditioner
 from cemlib.utils import (check_positive_int, check_tensor, finite_check_is_free, merge_heads,
@@ -187,15 +188,17 @@ class CEMAttention(EnergyLayer):
         return self.norm(x) if self.query_norm else x
 
     def _attend(self, u, hn, kv, values: bool, head_sum: bool = False):
+        """Attention of the queries ``u`` (B, n, D_h) to the context ``hn``, ``kv`` of ``L``
+        tokens; ``n < L`` when decoding with a cache (the queries are the last ``n`` tokens)."""
         q = split_heads(u @ self.W_Q.T, self.n_heads)
         extra = {}
         if self.d is not None:
             qe = self.d * u if self.d.dim() == 1 else self.d[None, :, None, :] * u[:, None]
             extra = dict(q_extra=qe.to(q.dtype), k_extra=hn.to(q.dtype), extra_values=values,
                          extra_head_sum=values and head_sum)
-        return dispatch.tied_attention(q, kv, scale=1.0 / self.tau, alibi=self.alibi,
-                                       self_bias=self.self_bias, cross_bias=self.cross_bias,
-                                       **extra)
+        attend = dispatch.tied_attention if q.shape[2] == kv.shape[2] else tied_attention_cached
+        return attend(q, kv, scale=1.0 / self.tau, alibi=self.alibi, self_bias=self.self_bias,
+                      cross_bias=self.cross_bias, **extra)
 
     def head_grads(self, u, hn, kv, exact: bool = True, per_head: bool = True) -> torch.Tensor:
         """``grad_u eps_k`` per head (B, K, L, D_h), or summed over heads (B, L, D_h);
@@ -230,19 +233,35 @@ class CEMAttention(EnergyLayer):
         return self.P(self.head_grads(u, hn, kv, exact, per_head=True)).sum(1)
 
     # -- EnergyLayer protocol ------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, return_trajectory: bool = False):
+    def forward(self, x: torch.Tensor, return_trajectory: bool = False, cache: KVCache | None = None):
         """``x^(T)`` (B, L, D_h); with ``return_trajectory`` also the list
-        ``[x^(0), ..., x^(T)]``."""
+        ``[x^(0), ..., x^(T)]``.
+
+        ``cache`` (decoding): ``x`` holds the tokens that follow the ``cache.length`` kept ones;
+        their ``kv`` (and ``hn`` with a diagonal) are kept, and their queries attend to every kept
+        token. The context comes from the input only, so one entry per token serves all ``T``
+        steps."""
         self._check(x, "x")
         hn, kv = self.context(x)
+        ctx = hn
+        if cache is not None:
+            decoding = cache.length > 0
+            kept = cache.append(kv=kv, **({} if self.d is None else {"hn": hn}))
+            if decoding:
+                kv, ctx = kept["kv"], kept.get("hn")
         traj = [x]
         for t in range(self.T):
             # at t = 0, x = h: the query RMSNorm(x) is the context's hn (same
             # module), reused; the step is x - eta * Delta x
             u = hn if t == 0 and self.query_norm else None
-            x = _step(x, self.eta, self.direction(x, hn, kv, u))
+            x = _step(x, self.eta, self.direction(x, ctx, kv, u))
             traj.append(x)
         return (x, traj) if return_trajectory else x
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty :class:`~cemlib.layers.cache.KVCache` for :meth:`forward`: ``kv`` (K D_r per
+        token), and ``hn`` (D_h) with a diagonal."""
+        return KVCache(capacity)
 
     def energy(self, x: torch.Tensor, h: torch.Tensor | None = None, per_head: bool = False):
         """``eps(N(x_i) | RMSNorm(h)_{1:i})`` per token (B, L), or (B, K, L) with ``per_head``."""

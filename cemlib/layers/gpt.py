@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cemlib.layers.cache import KVCache, visible_keys
 from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
 
 __all__ = ["CausalSelfAttention", "MLP", "GPTBlock", "ParallelGPTBlock", "RecurrentGPT"]
@@ -48,14 +49,30 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The attention output (B, L, D). ``cache`` (decoding): ``x`` holds the tokens that
+        follow the ``cache.length`` kept ones; their keys and values are kept, and their queries
+        attend to every kept token."""
         check_tensor(x, "x", ndim=3, last_dim=self.d_model, finite="where_free")
         B, L, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=-1)
         q, k, v = (t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        dropout_p = self.dropout if self.training else 0.0
+        decoding = cache is not None and cache.length > 0
+        if cache is not None:
+            kept = cache.append(k=k, v=v)
+        if decoding:  # the new queries against every kept key
+            k, v = kept["k"], kept["v"]
+            mask = visible_keys(L, k.shape[2], device=x.device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         return self.resid_dropout(self.proj(o.transpose(1, 2).reshape(B, L, D)))
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty :class:`~cemlib.layers.cache.KVCache` for :meth:`forward`: keys ``k`` and
+        values ``v`` (2 D per token)."""
+        return KVCache(capacity)
 
 
 class MLP(nn.Module):
@@ -109,9 +126,14 @@ class GPTBlock(nn.Module):
         self.attn = CausalSelfAttention(d_model, n_heads, dropout, bias)
         self.mlp = MLP(d_model, ff_hidden, act, dropout, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The block's output stream; ``cache`` (decoding) is the attention's."""
+        x = x + self.attn(self.ln1(x), cache=cache)
         return x + self.mlp(self.ln2(x))
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """The attention's decode cache."""
+        return self.attn.new_cache(capacity)
 
 
 class ParallelGPTBlock(nn.Module):
@@ -129,9 +151,14 @@ class ParallelGPTBlock(nn.Module):
         self.attn = CausalSelfAttention(d_model, n_heads, dropout, bias)
         self.mlp = MLP(d_model, ff_hidden, act, dropout, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The block's output stream; ``cache`` (decoding) is the attention's."""
         g = self.ln(x)
-        return x + self.attn(g) + self.mlp(g)
+        return x + self.attn(g, cache=cache) + self.mlp(g)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """The attention's decode cache."""
+        return self.attn.new_cache(capacity)
 
 
 RECURRENT_BLOCKS = {"parallel": ParallelGPTBlock, "sequential": GPTBlock}
@@ -161,7 +188,16 @@ class RecurrentGPT(nn.Module):
         self.block_kind = block
         self.block = RECURRENT_BLOCKS[block](d_model, n_heads, **block_kwargs)
 
-    def forward(self, x: torch.Tensor, n_steps: int | None = None) -> torch.Tensor:
-        for _ in range(check_positive_int(self.n_steps if n_steps is None else n_steps, "n_steps")):
-            x = self.block(x)
+    def forward(self, x: torch.Tensor, n_steps: int | None = None, cache: list | None = None) -> torch.Tensor:
+        """The stream after ``n_steps`` applications; ``cache`` (decoding) holds one decode cache
+        per application (each computes its keys from a new state)."""
+        n = check_positive_int(self.n_steps if n_steps is None else n_steps, "n_steps")
+        if cache is not None and len(cache) != n:
+            raise ValueError(f"cache holds {len(cache)} steps' caches, the block runs {n} steps")
+        for t in range(n):
+            x = self.block(x, cache=None if cache is None else cache[t])
         return x
+
+    def new_cache(self, capacity: int, n_steps: int | None = None) -> list:
+        """One decode cache per application of the block (``n_steps``, default the constructor's)."""
+        return [self.block.new_cache(capacity) for _ in range(self.n_steps if n_steps is None else n_steps)]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cemlib.kernels.reference import alibi_slopes, attention_bias, refresh_alibi_buffer
+from cemlib.layers.cache import KVCache
 from cemlib.positional import apply_rope, rope_angles  # re-exported: the baseline's RoPE
 from cemlib.utils import check_positive_int, check_tensor, resolve_head_dim
 
@@ -61,21 +62,38 @@ class LlamaAttention(nn.Module):
         refresh_alibi_buffer(self)  # exact slopes in the new dtype (see CEMAttention)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``sum_k W_O^kT sum_j alpha_kij v_j^k`` for normalised input ``x`` (B, L, D_h)."""
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """``sum_k W_O^kT sum_j alpha_kij v_j^k`` for normalised input ``x`` (B, L, D_h).
+
+        ``cache`` (decoding): ``x`` holds the tokens at positions ``cache.length ...``; their
+        rotated keys and values are kept, and their queries attend to every kept token."""
         check_tensor(x, "x", ndim=3, last_dim=self.d_model, finite=False)
         B, L, _ = x.shape
         K, R = self.n_heads, self.head_dim
+        start = 0 if cache is None else cache.length
         q, k, v = ((x @ W.T).view(B, L, K, R).transpose(1, 2) for W in (self.W_Q, self.W_K, self.W_V))
         if self.pos == "rope":
-            cos, sin = rope_angles(L, R, self.rope_base, device=x.device, dtype=x.dtype)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            cos, sin = rope_angles(start + L, R, self.rope_base, device=x.device, dtype=x.dtype)
+            q, k = apply_rope(q, cos[start:], sin[start:]), apply_rope(k, cos[start:], sin[start:])
+        if cache is not None:
+            kept = cache.append(k=k, v=v)
+            if start > 0:  # the new queries against every kept key
+                mask = attention_bias(start + L, K if self.pos == "alibi" else 1,
+                                      alibi=self.alibi if self.pos == "alibi" else None,
+                                      dtype=x.dtype, device=x.device, n_queries=L)
+                o = F.scaled_dot_product_attention(q, kept["k"], kept["v"], attn_mask=mask[None])
+                return o.transpose(1, 2).reshape(B, L, K * R) @ self.W_O
         if self.pos == "alibi":
             mask = attention_bias(L, K, alibi=self.alibi, dtype=x.dtype, device=x.device)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None])
         else:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.transpose(1, 2).reshape(B, L, K * R) @ self.W_O
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty :class:`~cemlib.layers.cache.KVCache` for :meth:`forward`: the rotated keys
+        ``k`` and the values ``v`` (2 K D_r per token)."""
+        return KVCache(capacity)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}, pos={self.pos!r}"

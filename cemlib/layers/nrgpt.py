@@ -30,6 +30,7 @@ from torch import nn
 
 from cemlib.energies import nrgpt as en
 from cemlib.layers.base import EnergyLayer, check_norm_eps
+from cemlib.layers.cache import KVCache, visible_keys
 from cemlib.layers.norm import layer_norm, layer_norm_vjp, rms_norm, rms_norm_vjp
 from cemlib.utils import check_positive_int, check_tensor
 
@@ -302,12 +303,35 @@ class NRGPTBlock(EnergyLayer):
             v = en.attention_query_grad(g, self.J, self.alpha, self.beta, self.mask, ctx)
         return self.norm_vjp(x, v + self._ff_grad_exact(g))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _query_grad_cached(self, g: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """:meth:`grad_g`'s attention part for queries ``g`` (..., n, D) that are the last ``n``
+        of the ``L`` tokens ``keys`` (..., L, D): ``-sum_h alpha_h J_h^T sum_B SM_BA g_B``
+        (eq. 12) over the visible keys. Past the first token every row has a visible key."""
+        n, L = g.shape[-2], keys.shape[-2]
+        s = en.attention_scores(g, self.J, self.beta, keys)                  # (..., H, n, L)
+        seen = visible_keys(n, L, strict=self.mask == "strict", device=g.device)
+        p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)
+        o = torch.einsum("...hab,...bi->...hai", p, keys)
+        return -torch.einsum("h,hji,...haj->...ai", self.alpha, self.J, o)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """One step ``x <- x - eta v(N(x))`` (eq. 6), closed form. In training mode with
         ``attn_dropout > 0`` the attention part of ``v`` is regularised as in the authors' code:
-        dropout on its weights, then on the summed attention update."""
+        dropout on its weights, then on the summed attention update.
+
+        ``cache`` (decoding, eval mode): ``x`` holds the tokens that follow the ``cache.length``
+        kept ones; their ``g = N(x)`` (every head's keys and values) are kept, and their queries
+        attend to every kept token."""
         self._check(x, "x")
         g = self.normalize(x)
+        if cache is not None:
+            if self.training and self.attn_dropout > 0:
+                raise ValueError("decoding with a cache runs without attention dropout: call eval()")
+            decoding = cache.length > 0
+            keys = cache.append(g=g)["g"]
+            if decoding:
+                v = self._query_grad_cached(g, keys) + self.ff_grad_g(g)
+                return x - v @ self.rate_matrix().T
         if self.training and self.attn_dropout > 0:
             att = en.attention_query_grad(g, self.J, self.alpha, self.beta, self.mask,
                                           weight_dropout=self.drop)
@@ -326,18 +350,29 @@ class NRGPTBlock(EnergyLayer):
         Jac = self.norm_jacobian(x, form)
         return -torch.einsum("...ai,...aij,...aj->...a", v, Jac, step)
 
-    def run(self, x: torch.Tensor, n_steps: int, return_energies: bool = False):
+    def run(self, x: torch.Tensor, n_steps: int, return_energies: bool = False,
+            cache: list | None = None):
         """Apply the block ``n_steps`` times. With ``return_energies`` also return the per-token
-        energies ``E_A`` at every state, shape ``(n_steps + 1, *x.shape[:-1])`` (detached)."""
+        energies ``E_A`` at every state, shape ``(n_steps + 1, *x.shape[:-1])`` (detached).
+        ``cache`` (decoding): one :class:`~cemlib.layers.cache.KVCache` per step (each step's
+        keys are that step's states)."""
         check_positive_int(n_steps, "n_steps")
+        if cache is not None and (return_energies or len(cache) != n_steps):
+            raise ValueError(f"decoding needs one cache per step ({n_steps}, got {len(cache)}) and "
+                             f"no energies")
         energies = []
         for t in range(n_steps + 1):
             if return_energies:
                 with torch.no_grad():
                     energies.append(self.energy(x))
             if t < n_steps:
-                x = self(x)
+                x = self(x) if cache is None else self(x, cache=cache[t])
         return (x, torch.stack(energies)) if return_energies else x
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty :class:`~cemlib.layers.cache.KVCache` for one step: ``g`` (D per token, the
+        keys and values of every head)."""
+        return KVCache(capacity)
 
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v, default in (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cemlib.layers.cache import KVCache
 from cemlib.layers.norm import RMSNorm
 from cemlib.utils import check_positive_int
 
@@ -38,8 +39,14 @@ class ResidualSublayer(nn.Module):
         self.fn = fn
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(self.fn(self.norm(x)))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """``x + Dropout(f(RMSNorm(x)))``; ``cache`` goes to ``f`` (an attention branch)."""
+        g = self.norm(x)
+        return x + self.drop(self.fn(g) if cache is None else self.fn(g, cache=cache))
+
+    def new_cache(self, capacity: int):
+        """The decode cache of the branch ``f`` (an attention layer)."""
+        return self.fn.new_cache(capacity)
 
 
 class IncrementDropout(nn.Module):
@@ -57,8 +64,13 @@ class IncrementDropout(nn.Module):
         self.step = step
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(self.step(x) - x)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """``x + Dropout(step(x) - x)``; ``cache`` goes to ``step`` (an attention layer)."""
+        return x + self.drop((self.step(x) if cache is None else self.step(x, cache=cache)) - x)
+
+    def new_cache(self, capacity: int):
+        """The decode cache of ``step`` (an attention layer)."""
+        return self.step.new_cache(capacity)
 
 
 class LayerReuse(nn.Module):
@@ -77,10 +89,16 @@ class LayerReuse(nn.Module):
         self.step = step
         self.T = check_positive_int(T, "T")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(self.T):
-            x = self.step(x)
+    def forward(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        """``T`` applications of ``step``; ``cache`` (decoding) holds one decode cache per
+        application: each pass computes its keys from a new state."""
+        for t in range(self.T):
+            x = self.step(x) if cache is None else self.step(x, cache=cache[t])
         return x
+
+    def new_cache(self, capacity: int) -> list:
+        """One decode cache of ``step`` per application (``T`` of them)."""
+        return [self.step.new_cache(capacity) for _ in range(self.T)]
 
     def extra_repr(self) -> str:
         return f"T={self.T}"

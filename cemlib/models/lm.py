@@ -9,6 +9,7 @@ config field apart. Embeddings are untied by default: that is what reproduces Ta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -18,12 +19,13 @@ from torch import nn
 
 from cemlib.layers.base import check_norm_eps, check_step_size
 from cemlib.layers.blocks import Block
+from cemlib.layers.cache import DecodeCache
 from cemlib.layers.cem_attention import CEMAttention, resolve_tau
 from cemlib.layers.cem_mlp import CEMMLP
 from cemlib.layers.llama import LlamaAttention, SwiGLU
 from cemlib.layers.norm import RMSNorm
 from cemlib.layers.reuse import IncrementDropout, LayerReuse, ResidualSublayer
-from cemlib.models.generation import GenerationMixin
+from cemlib.models.generation import GenerationMixin, check_decoding
 from cemlib.utils import check_positive_int, check_token_ids
 
 __all__ = ["LMConfig", "LanguageModel", "default_d_ff"]
@@ -208,7 +210,9 @@ class LanguageModel(GenerationMixin, nn.Module):
     is the pre-norm sublayer ``x + f(RMSNorm(x))``, a CEM step is the CEM layer itself (it returns
     ``x`` plus its update and normalises inside), so Llama and CEM layers mix freely. Then a final
     RMSNorm and the linear head. ``model.generate(idx, max_new_tokens, temperature=..., top_k=...,
-    seed=...)`` samples text (:func:`cemlib.models.generation.generate`).
+    seed=...)`` samples text (:func:`cemlib.models.generation.generate`), decoding with a
+    :class:`~cemlib.layers.cache.DecodeCache` (:meth:`new_cache`); ``with model.recursion(T_attn=4):``
+    runs the CEM layers with other recursion steps or step sizes (test-time recursion).
 
     :param cfg: the :class:`LMConfig` (every option is a field of it).
     """
@@ -243,8 +247,13 @@ class LanguageModel(GenerationMixin, nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.tok_emb.weight if self.lm_head is None else self.lm_head
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Next-token logits (B, L, vocab_size) for token ids ``idx`` (B, L), ``L <= context_length``."""
+    def forward(self, idx: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """Next-token logits (B, L, vocab_size) for token ids ``idx`` (B, L), ``L <= context_length``.
+
+        ``cache`` (decoding, eval mode; :meth:`new_cache`): ``idx`` holds the tokens that follow
+        the ``cache.length`` kept ones (at most ``context_length`` in all); every attention layer
+        keeps their entries, and their logits are returned. The first call on an empty cache (the
+        prefill) computes what the uncached forward computes."""
         cfg = self.config
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32):
             raise TypeError(f"idx must be an integer tensor (B, L), got "
@@ -257,10 +266,59 @@ class LanguageModel(GenerationMixin, nn.Module):
         # the token-id range check stays on with check_finite=False (it is cheap; only skipped
         # while torch.compile traces the model, where it would break the graph)
         check_token_ids(idx, cfg.vocab_size)
+        if cache is not None:
+            check_decoding(self, idx)
+            cache.position(idx.shape[1], n_layers=len(self.blocks))
         x = self.drop(self.tok_emb(idx))
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x) if cache is None else block(x, cache=cache.layers[i])
         return self.norm_f(x) @ self.head_weight.T
+
+    def new_cache(self) -> DecodeCache:
+        """An empty :class:`~cemlib.layers.cache.DecodeCache` for :meth:`forward`: per block, its
+        attention's ``KVCache`` (a list of ``reuse_attn`` of them under plain reuse), each for up
+        to ``context_length`` tokens. One entry per token serves every CEM recursion step."""
+        return DecodeCache([block.new_cache(self.config.context_length) for block in self.blocks],
+                           self.config.context_length)
+
+    @contextlib.contextmanager
+    def recursion(self, *, T_attn: int | None = None, T_mlp: int | None = None,
+                  eta_attn: float | None = None, eta_mlp: float | None = None):
+        """Run the CEM layers with other recursion steps ``T`` or step sizes ``eta`` (CEM eqs.
+        16-17) inside a ``with`` block; the trained values are restored when it ends.
+
+        ``with model.recursion(T_attn=4, T_mlp=4): logits = model(idx)`` evaluates a model trained
+        with ``T = 2`` at ``T = 4`` (test-time recursion). ``None`` keeps a value; ``config`` keeps
+        the trained ones. The keys and values of a CEM layer come from its input, so a decode cache
+        is the same at every ``T``. A value for a sublayer that is not CEM (Llama), a ``T`` that is
+        not a positive integer, a step size that is not finite and >= 0, or a step size of a layer
+        that learns it (``learn_eta``) is a ``ValueError``."""
+        changes = []
+        for value, kind, attr in ((T_attn, CEMAttention, "T"), (T_mlp, CEMMLP, "T"),
+                                  (eta_attn, CEMAttention, "eta"), (eta_mlp, CEMMLP, "eta")):
+            if value is None:
+                continue
+            name = f"{attr}_{'attn' if kind is CEMAttention else 'mlp'}"
+            layers = [m for m in self.modules() if isinstance(m, kind)]
+            if not layers:
+                raise ValueError(f"{name}={value!r} needs CEM layers; this model's "
+                                 f"{'attention' if kind is CEMAttention else 'MLP'} is Llama's")
+            if attr == "T":
+                check_positive_int(value, name)
+            else:
+                check_step_size(value, name)
+                if isinstance(layers[0].eta, torch.Tensor):
+                    raise ValueError(f"{name}: this model learns its step sizes (learn_eta=True); "
+                                     f"a learned eta is a parameter, not a knob")
+                value = float(value)
+            changes += [(m, attr, getattr(m, attr), value) for m in layers]
+        for m, attr, _, value in changes:
+            setattr(m, attr, value)
+        try:
+            yield self
+        finally:
+            for m, attr, old, _ in changes:
+                setattr(m, attr, old)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Number of parameters; ``exclude_embeddings`` drops the token embedding and the output

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from cemlib import linalg
+from cemlib.layers.cache import DecodeCache, KVCache, visible_keys
 from cemlib.layers.gpt import MLP, CausalSelfAttention
 from cemlib.layers.newton import MHA2nd1st
-from cemlib.models.generation import GenerationMixin
+from cemlib.models.generation import GenerationMixin, check_decoding
 from cemlib.models.hyperset import sinusoidal_positions
 from cemlib.utils import check_positive_int, check_token_ids
 
@@ -36,20 +37,28 @@ __all__ = ["NewtonTransformer", "ATTENTIONS", "causal_mha2nd1st_update"]
 ATTENTIONS = ("mha", "mha2nd1st")
 
 
-def causal_mha2nd1st_update(att: MHA2nd1st, g: torch.Tensor) -> torch.Tensor:
+def causal_mha2nd1st_update(att: MHA2nd1st, g: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
     """``att(g, g.unsqueeze(1), causal) - g`` for a sequence ``g`` (B, L, d), by matrix products.
 
     Per head: ``p = softmax_j((q_i.k_j - |k_j|^2 / 2) / T_h)`` over ``j <= i`` (equal to the RBF
     softmax of ``-|q_i - k_j|^2 / 2T_h``, since ``|q_i|^2`` is constant in ``j``), ``v = q - k_bar``,
     ``Cov_p(k) u = sum_j p_j k_j (k_j.u) - k_bar (k_bar.u)`` (eq. 31); then the corrected update
     ``-sum_h W_O,h (v + Cov v / T_h)`` or the paper's ``+sum_h W_O,h (v + b_h)``.
+
+    ``cache`` (decoding): ``g`` holds the tokens that follow the ``cache.length`` kept ones; their
+    keys ``k`` (also the values: ``k_bar`` and ``Cov`` are weighted sums of them) are kept, and
+    their queries attend to every kept key.
     """
-    L = g.shape[1]
-    q = torch.einsum("hcd,bld->bhlc", att.W_Q, g)                    # (B, H, L, d_h)
+    q = torch.einsum("hcd,bld->bhlc", att.W_Q, g)                    # (B, H, n, d_h)
     k = torch.einsum("hcd,bld->bhlc", att.W_K, g)
+    if cache is not None:
+        decoding = cache.length > 0
+        kept = cache.append(k=k)["k"]
+        if decoding:
+            k = kept                                                 # (B, H, L, d_h)
     t = att.T.to(g.dtype).view(1, -1, 1, 1)
     logits = (q @ k.transpose(-1, -2) - 0.5 * k.pow(2).sum(-1).unsqueeze(-2)) / t
-    causal = torch.ones(L, L, dtype=torch.bool, device=g.device).tril()
+    causal = visible_keys(q.shape[2], k.shape[2], device=g.device)
     p = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
     kbar = p @ k
     v = q - kbar
@@ -78,12 +87,12 @@ class _Block(nn.Module):
         self.mlp = MLP(d, 4 * d, act="relu") if ffn else None
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         g = self.ln1(x)
         if self.kind == "mha":
-            upd = self.attn(g)
+            upd = self.attn(g, cache=cache)
         else:
-            upd = causal_mha2nd1st_update(self.attn, g)
+            upd = causal_mha2nd1st_update(self.attn, g, cache)
         x = x + self.drop(upd)
         if self.mlp is not None:
             x = x + self.drop(self.mlp(self.ln2(x)))
@@ -137,18 +146,34 @@ class NewtonTransformer(GenerationMixin, nn.Module):
         """The number of token ids (rows of the embedding)."""
         return self.emb.num_embeddings
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token embeddings plus sinusoidal positions, then dropout: the first block's input."""
-        if idx.dim() != 2 or idx.shape[1] > self.block_size:
-            raise ValueError(f"idx must be (B, L) with L <= {self.block_size}, got {tuple(idx.shape)}")
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Token embeddings plus sinusoidal positions ``start, start + 1, ...``, then dropout: the
+        first block's input."""
+        if idx.dim() != 2 or start + idx.shape[1] > self.block_size:
+            raise ValueError(f"idx must be (B, L) with {start} + L <= {self.block_size}, got "
+                             f"{tuple(idx.shape)}")
         check_token_ids(idx, self.emb.num_embeddings)
-        return self.drop(self.emb(idx) + self.pos[: idx.shape[1]].to(self.emb.weight.dtype))
+        pos = self.pos[start:start + idx.shape[1]]
+        return self.drop(self.emb(idx) + pos.to(self.emb.weight.dtype))
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
-        for blk in self.blocks:
-            x = blk(x)
+    def forward(self, idx: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """Logits (B, L, vocab_size). ``cache`` (decoding, eval mode; :meth:`new_cache`): ``idx``
+        holds the tokens that follow the ``cache.length`` kept ones; they are kept and their
+        logits returned."""
+        start = 0
+        if cache is not None:
+            check_decoding(self, idx)
+            start = cache.position(idx.shape[1], n_layers=len(self.blocks))
+        x = self.embed(idx, start)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x) if cache is None else blk(x, cache=cache.layers[i])
         return self.head(self.ln_f(x))
+
+    def new_cache(self) -> DecodeCache:
+        """An empty :class:`~cemlib.layers.cache.DecodeCache`: per block, the keys of its
+        attention (``mha2nd1st``: ``k``, H d_h per token; ``mha``: ``k`` and ``v``, 2 d)."""
+        return DecodeCache([blk.attn.new_cache(self.block_size) if blk.kind == "mha"
+                            else KVCache(self.block_size) for blk in self.blocks], self.block_size)
 
     def attention_parameters(self) -> int:
         """Weights of the attention layers alone (the paper's "1/4 fewer" is about these)."""

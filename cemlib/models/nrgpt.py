@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cemlib.layers.cache import DecodeCache
 from cemlib.layers.gpt import GPTBlock, RecurrentGPT
 from cemlib.layers.nrgpt import NRGPTBlock
-from cemlib.models.generation import GenerationMixin
+from cemlib.models.generation import GenerationMixin, check_decoding
 from cemlib.utils import check_positive_int
 
 __all__ = ["NRGPTModel", "RecurrentGPTModel", "GPTModel", "AUTHORS_NRGPT", "AUTHORS_BASELINE"]
@@ -66,26 +67,40 @@ class _CausalTokenModel(GenerationMixin, nn.Module):
         """The longest sequence :meth:`forward` accepts (``block_size``)."""
         return self.block_size
 
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """``x^(0)_A = token embedding + position embedding`` (App. F.1), after input checks."""
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """``x^(0)_A = token embedding + position embedding`` (App. F.1) of tokens at positions
+        ``start, start + 1, ...``, after input checks."""
         if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
             raise TypeError(f"idx must be a LongTensor, got {getattr(idx, 'dtype', type(idx))}")
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (B, L), got {tuple(idx.shape)}")
         L = idx.shape[1]
-        if not 1 <= L <= self.block_size:
-            raise ValueError(f"sequence length {L} must be in 1..block_size={self.block_size}")
+        if not 1 <= start + L <= self.block_size or L < 1:
+            raise ValueError(f"sequence length {L} after {start} tokens must end in 1..block_size="
+                             f"{self.block_size}")
         # the range check reads values: skipped while torch.compile traces the model, where it
         # would break the graph at every call (and synchronise the GPU)
         if idx.numel() and not torch.compiler.is_compiling() \
                 and (idx.min() < 0 or idx.max() >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got range "
                              f"[{int(idx.min())}, {int(idx.max())}]")
-        pos = torch.arange(L, device=idx.device)
+        pos = torch.arange(start, start + L, device=idx.device)
         return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.head(self.ln_f(self._body(self.embed(idx))))
+    def forward(self, idx: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """Logits (B, L, n_outputs). ``cache`` (decoding, eval mode; :meth:`new_cache`): ``idx``
+        holds the tokens that follow the ``cache.length`` kept ones (learned positions from
+        there); they are kept and their logits returned."""
+        if cache is None:
+            return self.head(self.ln_f(self._body(self.embed(idx))))
+        check_decoding(self, idx)
+        start = cache.position(idx.shape[1], n_layers=len(self._body_cache(1)))
+        return self.head(self.ln_f(self._body(self.embed(idx, start), cache.layers)))
+
+    def new_cache(self) -> DecodeCache:
+        """An empty :class:`~cemlib.layers.cache.DecodeCache`, one entry per layer of depth (per
+        step of a recurrent model: each step computes its keys from a new state)."""
+        return DecodeCache(self._body_cache(self.block_size), self.block_size)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Number of trainable parameters (shared tensors counted once); ``non_embedding`` excludes
@@ -123,8 +138,11 @@ class NRGPTModel(_CausalTokenModel):
         self.n_steps = check_positive_int(n_steps, "n_steps")
         self.block = NRGPTBlock(d_model, n_heads, **block_kwargs)
 
-    def _body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block.run(x, self.n_steps)
+    def _body(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        return self.block.run(x, self.n_steps, cache=cache)
+
+    def _body_cache(self, capacity: int) -> list:
+        return [self.block.new_cache(capacity) for _ in range(self.n_steps)]
 
     @torch.no_grad()
     def energy_trajectory(self, idx: torch.Tensor, n_steps: int | None = None) -> torch.Tensor:
@@ -160,8 +178,11 @@ class RecurrentGPTModel(_CausalTokenModel):
                                  dropout=dropout)
         _init_linear(self.body)
 
-    def _body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+    def _body(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        return self.body(x, cache=cache)
+
+    def _body_cache(self, capacity: int) -> list:
+        return self.body.new_cache(capacity)
 
 
 class GPTModel(_CausalTokenModel):
@@ -187,10 +208,13 @@ class GPTModel(_CausalTokenModel):
                                     for _ in range(n_layers))
         _init_linear(self.blocks)
 
-    def _body(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
+    def _body(self, x: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = block(x) if cache is None else block(x, cache=cache[i])
         return x
+
+    def _body_cache(self, capacity: int) -> list:
+        return [block.new_cache(capacity) for block in self.blocks]
 
 
 def _init_linear(module: nn.Module) -> None:

@@ -16,6 +16,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from cemlib.kernels import costs
 from cemlib.layers.cem_attention import CEMAttention
 from cemlib.layers.cem_mlp import CEMMLP
 from cemlib.layers.llama import LlamaAttention, SwiGLU
@@ -144,7 +145,10 @@ def flops_per_token(cfg: LMConfig) -> int:
 
 
 def kv_cache_bytes_per_token(cfg: LMConfig, bytes_per_element: int = 2) -> int:
-    """Bytes that autoregressive decoding must keep per token of context, summed over layers.
+    """Bytes that decoding with ``LanguageModel(cfg)`` keeps per token of context: the per-layer
+    formula :func:`cemlib.kernels.costs.kv_cache_bytes_per_token` summed over its attention
+    layers (``n_layers``, each ``reuse_attn`` times). ``model.new_cache()`` keeps exactly this
+    (:meth:`cemlib.layers.cache.DecodeCache.bytes_per_token` measures it).
 
     Llama attention caches a key and a value per head: ``2 K D_r``. CEM attention ties them
     (``W_V = W_K``), so one tensor serves as both: ``K D_r`` -- half (implied by CEM eq. 5; the paper
@@ -156,9 +160,8 @@ def kv_cache_bytes_per_token(cfg: LMConfig, bytes_per_element: int = 2) -> int:
     """
     if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, int) or bytes_per_element < 1:
         raise ValueError(f"bytes_per_element must be a positive integer, got {bytes_per_element!r}")
-    KR = cfg.n_heads * cfg.resolved_head_dim
-    if cfg.attn == "llama":
-        per_layer = 2 * KR
-    else:
-        per_layer = KR + (cfg.d_model if cfg.diag != "none" else 0)
-    return cfg.n_layers * cfg.reuse_attn * per_layer * bytes_per_element
+    cem = cfg.attn == "cem"
+    per_layer = costs.kv_cache_bytes_per_token(
+        cfg.n_heads, cfg.resolved_head_dim, tied=cem,
+        extra_width=cfg.d_model if cem and cfg.diag != "none" else 0, elem_bytes=bytes_per_element)
+    return cfg.n_layers * cfg.reuse_attn * per_layer
