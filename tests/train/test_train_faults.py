@@ -322,13 +322,13 @@ def test_triton_interpret_set_after_the_kernels_were_imported(monkeypatch):
     """36.14: setting TRITON_INTERPRET after triton was imported gave an unhelpful interpreter error
     ("0 active drivers")."""
     pytest.importorskip("triton")
-    import cemlib.kernels.tied_attention_triton as kernels
+    import cemlib.kernels.attention as kernels
     from cemlib.kernels import dispatch
     monkeypatch.setattr(kernels, "INTERPRET", False)  # imported without the interpreter
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q = torch.randn(1, 2, 4, 8)
     with dispatch.use_backend("triton"):
-        with pytest.raises(RuntimeError, match="tied_attention_triton was imported before TRITON_INTERPRET=1 "
+        with pytest.raises(RuntimeError, match="cemlib.kernels.attention was imported before TRITON_INTERPRET=1 "
                                                "was set .* set TRITON_INTERPRET=1 in the environment before "
                                                "Python starts"):
             dispatch.tied_attention(q, q.clone(), scale=1.0)
@@ -354,7 +354,7 @@ def test_the_nrgpt_baselines_biases_are_documented_and_counted():
     assert biases == {"attn.qkv.bias": 3 * D, "attn.proj.bias": D, "mlp.fc.bias": M, "mlp.out.bias": D}
     assert sum(biases.values()) == 5 * D + M == 1152
     assert "q/k/v projection" in CausalSelfAttention.__doc__
-    readme = (Path(__file__).resolve().parent.parent / "cemlib" / "README_nrgpt.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "cemlib" / "README_nrgpt.md").read_text()
     assert "5D + M per block, 1,152 for D = 128" in readme
     no_bias = GPTBlock(D, 4, bias=False)
     assert not [n for n, _ in no_bias.named_parameters() if n.endswith("bias") and "ln" not in n]
@@ -364,17 +364,17 @@ def test_the_cpu_attention_cross_bias_gradient_limit_is_as_documented():
     """36.15, kept: the CPU path's cross-bias gradient ``sum dlse - diag`` loses relative accuracy
     when the diagonal dominates (the reference is exact); 42 stored runs learn the cross bias, so
     another summation would change their rounding. This pins the documented size of the loss."""
-    from cemlib.kernels import reference, tied_attention_torch
+    from cemlib.kernels import attention_torch, reference
     torch.manual_seed(0)
     q, kv = torch.randn(2, 2, 6, 4, dtype=torch.float64), torch.randn(2, 2, 6, 4, dtype=torch.float64)
     errors = []
     for gap in (0.0, 30.0):
         grads = []
-        for impl in (reference.tied_attention, tied_attention_torch.tied_attention):
+        for impl in (reference.tied_attention, attention_torch.tied_attention):
             self_b = torch.full((2,), gap, dtype=torch.float64, requires_grad=True)
             cross = torch.zeros(2, dtype=torch.float64, requires_grad=True)
             o = impl(q, kv, scale=0.5, self_bias=self_b, cross_bias=cross)[0]
             grads.append(torch.autograd.grad((o * torch.arange(o.numel()).view_as(o).sin()).sum(), cross)[0])
         errors.append(float(((grads[1] - grads[0]).abs() / grads[0].abs()).max()))
     assert errors[0] < 1e-13 and 1e-6 < errors[1] < 1e-2
-    assert "1.5e-4 relative at a bias gap of 30" in tied_attention_torch.__doc__
+    assert "1.5e-4 relative at a self-cross bias gap of 30" in " ".join(attention_torch.__doc__.split())

@@ -22,7 +22,7 @@ from cemlib.train.results import load_results
 from cemlib.train.grid import grid_sweep, plan_grid
 from cemlib.train.trainer import Trainer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # a GP regressor of a few hundred parameters, 4 steps with a checkpoint every 2: about a second a run
 GP = ["task.n_train=120", "task.n_val=30", "task.n_test=30", "model.d_model=8", "model.d_ff=8",
       "train.max_steps=4", "train.eval_interval=2", "train.eval_batches=1", "train.batch_size=8",

@@ -32,7 +32,7 @@ from cemlib.train.results import load_results, save_results
 from cemlib.train.trainer import NonFiniteError, Trainer, TrainingInterrupted
 
 V, L = 11, 8
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class TinyLM(nn.Module):
