@@ -1,5 +1,5 @@
-"""Benchmark: CEM tied attention (Triton v1 and v2) against SDPA, FlexAttention+ALiBi and the eager
-reference.
+"""Benchmark: CEM tied attention (the Triton kernels) against SDPA, FlexAttention+ALiBi and the
+eager reference.
 
 GPU mode (the issue's setting): B=8, H=12, d=64, causal, bf16, T in {512, 1024, 2048, 4096};
 forward and forward+backward. Methods (:data:`METHODS`; the CEM entry points are looked up in
@@ -7,19 +7,21 @@ forward and forward+backward. Methods (:data:`METHODS`; the CEM entry points are
 
 - ``sdpa_untied``: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``, untied k, v;
 - ``sdpa_tied``: the same with ``k = v`` (one tensor: the tying CEM has, in SDPA);
-- ``cem_v1`` / ``cem_v2``: the CEM tied attention kernels (ALiBi and self/cross biases, tied
-  ``kv``; gradients for q, kv and the biases); ``cem_reference``: the eager reference;
-  ``cem_v2_atomic``: v2 with the backward that adds ``dq`` atomically inside the ``d kv`` walk
-  (``atomic_dq=True``: 5 matrix products instead of 7, no second exponential pass);
-- ``cem_diag_v1`` / ``cem_diag_v2`` / ``cem_diag_v2_atomic`` / ``cem_diag_reference``: the call
-  the default CEM layer
-  makes (shared diagonal of eq. 12: an extra query/key pair of width D_e = H d shared by the
-  heads, with the head-summed diagonal value path);
+- ``cem_v2``: the CEM tied attention kernels, :mod:`cemlib.kernels.attention` (ALiBi and
+  self/cross biases, tied ``kv``; gradients for q, kv and the biases); ``cem_reference``: the
+  eager reference; ``cem_v2_atomic``: the kernels with the backward that adds ``dq`` atomically
+  inside the ``d kv`` walk (``atomic_dq=True``: 5 matrix products instead of 7, no second
+  exponential pass);
+- ``cem_diag_v2`` / ``cem_diag_v2_atomic`` / ``cem_diag_reference``: the call the default CEM
+  layer makes (shared diagonal of eq. 12: an extra query/key pair of width D_e = H d shared by
+  the heads, with the head-summed diagonal value path);
 - ``flex_alibi`` (CUDA only): compiled FlexAttention with an ALiBi ``score_mod`` and a causal block
   mask (untied k, v).
 
-The first H100 file (``results/attention_NVIDIA_H100_80GB_HBM3.json``) calls v1 ``cem_triton`` and
-its default-layer call ``cem_diag_triton``.
+The method names keep the stored files' labels: ``v2`` is the kernels' second generation, the
+only one now; the stored files also hold the first (``cem_v1``, ``cem_diag_v1``; the first H100
+file, ``results/attention_NVIDIA_H100_80GB_HBM3.json``, calls it ``cem_triton`` and
+``cem_diag_triton``).
 
 FLOPs counted as 4 B H T^2 d x 0.5 (causal) for the forward and x 3.5 for forward+backward
 (FlashAttention convention), plus 4 B T^2 D_e x 0.5 (x 3.5) for the shared extra pair;
@@ -49,13 +51,12 @@ from cemlib.kernels import reference  # noqa: E402
 #: the contract of :func:`cemlib.kernels.reference.tied_attention`: ``fn(q, kv, *, scale, alibi,
 #: self_bias, cross_bias, q_extra, k_extra, extra_values, extra_head_sum) -> (o, lse[, o_extra])``.
 IMPLEMENTATIONS = {
-    "v1": ("cemlib.kernels.ops", "tied_attention"),
-    "v2": ("cemlib.kernels.tied_attention_v2", "tied_attention"),
-    "v2_atomic": ("cemlib.kernels.tied_attention_v2", "tied_attention", {"atomic_dq": True}),
+    "v2": ("cemlib.kernels.attention", "tied_attention"),
+    "v2_atomic": ("cemlib.kernels.attention", "tied_attention", {"atomic_dq": True}),
     "reference": ("cemlib.kernels.reference", "tied_attention"),
 }
-METHODS = ("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_reference",
-           "cem_diag_v1", "cem_diag_v2", "cem_diag_v2_atomic", "cem_diag_reference", "flex_alibi")
+METHODS = ("sdpa_untied", "sdpa_tied", "cem_v2", "cem_v2_atomic", "cem_reference",
+           "cem_diag_v2", "cem_diag_v2_atomic", "cem_diag_reference", "flex_alibi")
 
 
 def implementation(name: str):
@@ -173,11 +174,9 @@ def measure(Ts, B, H, d, De, dtype, device, rep, peak_tflops, names=METHODS, dea
 
 
 def time_ratios(results, pairs=(("cem_v2", "sdpa_untied"), ("cem_v2_atomic", "sdpa_untied"),
-                                ("cem_v1", "sdpa_untied"), ("cem_v2", "sdpa_tied"),
-                                ("cem_v2_atomic", "cem_v2"), ("cem_v2", "cem_v1"),
-                                ("cem_diag_v2", "cem_diag_v1"),
+                                ("cem_v2", "sdpa_tied"), ("cem_v2_atomic", "cem_v2"),
                                 ("cem_diag_v2_atomic", "cem_diag_v2"),
-                                ("cem_diag_v1", "cem_diag_reference"))) -> dict:
+                                ("cem_diag_v2", "cem_diag_reference"))) -> dict:
     """``{"T<T>_<mode>_<a>_over_<b>": time a / time b}`` for the pairs both measured."""
     ratios = {}
     for T in sorted({r["T"] for r in results}):
@@ -193,7 +192,7 @@ def time_ratios(results, pairs=(("cem_v2", "sdpa_untied"), ("cem_v2_atomic", "sd
 def main():
     args = common.parser(__doc__.splitlines()[0]).parse_args()
     device = torch.device("cuda" if CUDA and not args.cpu_smoke else "cpu")
-    if args.cpu_smoke:  # D_e = 144 > MAX_TILE_EXTRA exercises the shared-logits path
+    if args.cpu_smoke:  # D_e = 144: a wide shared pair, as the default layer's D_e = H d
         B, H, d, Ts, dtype, De = 1, 2, 16, [32], torch.float32, 144
     else:
         if not CUDA:

@@ -1,12 +1,13 @@
-"""Benchmark: the tied gated-MLP step (v2 and v1 kernels) and the DPLR preconditioner (Triton)
-against eager and ``torch.compile``.
+"""Benchmark: the tied gated-MLP step and the DPLR preconditioner (Triton kernels) against eager and
+``torch.compile``.
 
 Methods of the step ``y = (gamma * SiLU(u V^T)) V``:
 
-- ``v2``: :func:`cemlib.kernels.gated_mlp_triton.tied_gated_mlp_step`, what dispatch uses: cuBLAS
-  GEMMs and two fused element-wise Triton kernels, ``h = u V^T`` saved for backward;
-- ``v1``: :func:`cemlib.kernels.ops.tied_gated_mlp_step`, Triton GEMMs with the element-wise work
-  in their epilogues, nothing but the inputs saved (``"triton"`` in the first H100 file);
+- ``v2``: :func:`cemlib.kernels.gated_mlp.tied_gated_mlp_step`, what dispatch uses: cuBLAS
+  GEMMs and two fused element-wise Triton kernels, ``h = u V^T`` saved for backward (the name is
+  the stored files' label; they also hold the removed first generation, ``v1``, Triton GEMMs
+  with the element-wise work in their epilogues: ``"triton"`` in the first H100 file);
+- ``v2_separate_dv``: the same with ``dV``'s two products apart, then added;
 - ``eager``: the reference (autograd keeps three (N, D_v) intermediates); ``compile``: the
   reference under ``torch.compile``.
 
@@ -39,7 +40,7 @@ CUDA = common.setup_cpu_interpreter()
 
 import torch  # noqa: E402
 
-from cemlib.kernels import gated_mlp_triton, ops, reference  # noqa: E402
+from cemlib.kernels import dplr, gated_mlp, reference  # noqa: E402
 from cemlib.models.memory import saved_activation_bytes  # noqa: E402
 
 GPU_WIDTHS, GPU_N, MULT, RANK = [768, 1024, 1536, 2048], 8 * 1024, 4, 16
@@ -51,19 +52,19 @@ PASSES = {"eager": {"fwd": 5, "fwd_bwd": 14}, "v2": {"fwd": 3, "fwd_bwd": 11}}
 H100_BANDWIDTH = 3.35e12  # bytes/s, H100 SXM HBM3 (vendor figure)
 
 
-def step_methods(use_compile: bool, include=("v2", "v1", "eager", "compile")) -> dict:
-    methods = {"v2": gated_mlp_triton.tied_gated_mlp_step,
-               # v2 with dV's two products apart, then added (``gated_mlp_triton.DV_PRODUCTS``)
-               "v2_separate_dv": functools.partial(gated_mlp_triton.tied_gated_mlp_step,
+def step_methods(use_compile: bool, include=("v2", "eager", "compile")) -> dict:
+    methods = {"v2": gated_mlp.tied_gated_mlp_step,
+               # dV's two products apart, then added (``gated_mlp.DV_PRODUCTS``)
+               "v2_separate_dv": functools.partial(gated_mlp.tied_gated_mlp_step,
                                                    dv_products="separate"),
-               "v1": ops.tied_gated_mlp_step, "eager": reference.tied_gated_mlp_step}
+               "eager": reference.tied_gated_mlp_step}
     if use_compile:
         methods["compile"] = torch.compile(reference.tied_gated_mlp_step)
     return {k: v for k, v in methods.items() if k in include}
 
 
 def dplr_methods(use_compile: bool) -> dict:
-    methods = {"triton": ops.dplr_precondition, "eager": reference.dplr_precondition}
+    methods = {"triton": dplr.dplr_precondition, "eager": reference.dplr_precondition}
     if use_compile:
         methods["compile"] = torch.compile(reference.dplr_precondition)
     return methods
@@ -147,8 +148,8 @@ def memory_prediction(N, widths, mult=MULT, methods=("eager", "v2")) -> list[dic
     saved for backward, per method and width. v2's element-wise kernels write into buffers their
     launchers allocate through PyTorch; their launches are replaced by no-ops here (memory does
     not depend on the values, and the interpreter would hide frees from the profiler)."""
-    launch = gated_mlp_triton._elementwise
-    gated_mlp_triton._elementwise = lambda *args, **kwargs: None
+    launch = gated_mlp._elementwise
+    gated_mlp._elementwise = lambda *args, **kwargs: None
     rows = []
     try:
         for Dh in widths:
@@ -168,7 +169,7 @@ def memory_prediction(N, widths, mult=MULT, methods=("eager", "v2")) -> list[dic
                 print(name, Dh, {k: v for k, v in row.items() if k.endswith(("mib", "ND_v"))},
                       flush=True)
     finally:
-        gated_mlp_triton._elementwise = launch
+        gated_mlp._elementwise = launch
     return rows
 
 
@@ -246,7 +247,7 @@ def main():
     results = measure(N, widths, dtype, device, args.rep, peak["tflops"],
                       step_methods(use_compile), dplr_methods(use_compile), mult=mult, R=R)
     common.write_json({"benchmark": "mlp", "env": env, "peak_gemm": peak, "results": results,
-                       "v2_over_eager": ratios(results), "v1_over_eager": ratios(results, "v1")},
+                       "v2_over_eager": ratios(results)},
                       "mlp", args, device)
 
 

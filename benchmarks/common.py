@@ -140,13 +140,13 @@ def cuda_kernel_times(events) -> tuple[dict, int]:
 
 
 def measured_peak_tflops(device: torch.device, dtype=torch.bfloat16) -> dict:
-    """The machine's measured dense GEMM throughput (8192^3 on CUDA; tiny fp32 on CPU)."""
+    """The machine's measured dense GEMM throughput (8192^3 on CUDA; tiny fp32 on CPU), by
+    :func:`cemlib.train.flops.measure_peak_flops` (the best of its repetitions)."""
+    from cemlib.train.flops import measure_peak_flops
     n = 8192 if device.type == "cuda" else 256
     dtype = dtype if device.type == "cuda" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    t = bench(lambda: a @ b, device, rep=200)
-    return {"gemm_n": n, "dtype": str(dtype), "tflops": 2 * n ** 3 / (t["median_ms"] * 1e-3) / 1e12}
+    flops = measure_peak_flops(device, dtype, n=n)
+    return {"gemm_n": n, "dtype": str(dtype), "tflops": flops / 1e12}
 
 
 def run_case(fn, device, rep, grad_to_none=None) -> dict:

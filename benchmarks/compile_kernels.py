@@ -2,9 +2,8 @@
 
 Triton compiles for a named target (``GPUTarget("cuda", 90, 32)`` is the H100) anywhere: its
 bundled ``ptxas`` turns the generated PTX into a cubin. This script runs cemlib's own launchers
-(:mod:`cemlib.kernels.tied_attention_v2`, the first version
-:mod:`cemlib.kernels.tied_attention_triton`, :mod:`cemlib.kernels.gated_mlp_triton`) on CPU
-tensors with the *GPU* configurations, turns each launch into a compilation (Triton's ``warmup``
+(:mod:`cemlib.kernels.attention`, :mod:`cemlib.kernels.gated_mlp`, :mod:`cemlib.kernels.dplr`)
+on CPU tensors with the *GPU* configurations, turns each launch into a compilation (Triton's ``warmup``
 path, with a stand-in driver that names the target), and reads each cubin with the bundled
 ``cuobjdump``: registers per thread, stack and local memory (where ptxas puts spilled
 registers), shared memory, and the machine code (SASS) of every loop.
@@ -22,13 +21,14 @@ code, not timings; the budget they are compared with is explained in ``benchmark
 
 It catches what the interpreter cannot: a kernel that does not compile for the GPU, one that
 spills registers to local memory, or one whose loops carry more element-wise work than planned.
-Nothing here is timed, and nothing here is a GPU measurement. Cases: v2 tied attention (plain
+Nothing here is timed, and nothing here is a GPU measurement. Cases: tied attention (plain
 causal, with ALiBi and self/cross biases, and the default CEM layer's wide shared diagonal),
-each kernel in its default configuration (``tied_attention_v2.GPU_CONFIGS``, first entry); the
-v1 attention kernels (no extra pair, a narrow one in the register tiles, the wide shared
-diagonal); the tied gated-MLP step forward and backward (v1) and the v2 step's two element-wise
-kernels (``mlp_v2_elementwise`` in the report: the width of every global access and the
-instructions per element); the DPLR preconditioner; in bf16, fp16 and fp32.
+each kernel in its default configuration (``attention.GPU_CONFIGS``, first entry); the tied
+gated-MLP step's two element-wise kernels (``mlp_v2_elementwise`` in the report: the width of
+every global access and the instructions per element); the DPLR preconditioner; in bf16, fp16
+and fp32. Case names, record fields (``version``: 2 for the attention kernels) and the method
+names ``v2`` keep the labels of the stored reports, which also hold the first generation of the
+kernels (removed since; ``benchmarks/NOTES.md``).
 
 ``--sweep`` compiles the candidate autotune space of every v2 kernel (:func:`candidates`) for
 sm_90 in bf16, in the variant that makes each kernel heaviest (:data:`SWEEP_VARIANT`; the
@@ -77,9 +77,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
-from cemlib.kernels import tied_attention_triton as ta  # noqa: E402
-from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.kernels import attention as v2  # noqa: E402
+from cemlib.kernels import dplr  # noqa: E402
+from cemlib.kernels import gated_mlp as gm  # noqa: E402
 from cemlib.train.results import git_commit  # noqa: E402
 from outputs import RESULTS, announce, write_json  # noqa: E402
 
@@ -110,8 +110,7 @@ def compile_only(arch: int, sink: list, v2_configs: dict | None = None):
     """Inside: ``kernel[grid](...)`` compiles for ``sm_<arch>`` instead of launching, appending
     ``(kernel name, launch keywords, CompiledKernel)`` to ``sink``; GPU tile sizes are used, and
     for the v2 kernels the default configuration or the one ``v2_configs`` names."""
-    getitem, blocks, gate_blocks, dplr_blocks, select = (
-        JITFunction.__getitem__, ta._blocks, gm._gate_blocks, gm._dplr_blocks, v2._select)
+    getitem, dplr_blocks = JITFunction.__getitem__, dplr._blocks
     cuda = torch.device("cuda")  # only read for its .type; no GPU needed
 
     def compiling(self, grid):
@@ -122,49 +121,31 @@ def compile_only(arch: int, sink: list, v2_configs: dict | None = None):
     def v2_select(name, device, block_d, table):
         if v2_configs and name in v2_configs:
             return dict(v2_configs[name])
-        return dict(v2._gpu_configs(table, block_d)[0])
+        return dict(v2.TUNING.configs(table, block_d)[0])
 
-    kernels = [f for m in (ta, gm, v2) for f in vars(m).values() if isinstance(f, JITFunction)]
+    kernels = [f for m in (v2, gm, dplr) for f in vars(m).values() if isinstance(f, JITFunction)]
     for f in kernels:  # binders cache the target per device: start clean for this arch
         f.device_caches.clear()
     previous = driver._active
     driver.set_active(_TargetDriver(arch))
     JITFunction.__getitem__ = compiling
-    ta._blocks = lambda L, D, DE, device, kind="fwd": blocks(L, D, DE, cuda, kind)
-    gm._gate_blocks = lambda device: gate_blocks(cuda)
-    gm._dplr_blocks = lambda R, device: dplr_blocks(R, cuda)
-    v2._select = v2_select
+    dplr._blocks = lambda R, device: dplr_blocks(R, cuda)
+    v2.TUNING.select = v2_select
     try:
         yield
     finally:
         JITFunction.__getitem__ = getitem
-        ta._blocks, gm._gate_blocks, gm._dplr_blocks = blocks, gate_blocks, dplr_blocks
-        v2._select = select
+        dplr._blocks = dplr_blocks
+        del v2.TUNING.select  # the method again
         driver._active = previous  # (reset_active() would look for a real GPU driver)
         for f in kernels:
             f.device_caches.clear()
 
 
-def attention_case(dtype, D, De, head_sum):
-    """Forward and backward launches of one attention configuration (De = 0: no extra pair)."""
-    B, K, L = 1, 12, 128
-    q = torch.randn(B, K, L, D, dtype=dtype)
-    vec = [torch.rand(K) for _ in range(3)]
-    qe = ke = None
-    if De:
-        qe, ke = torch.randn(B, L, De, dtype=dtype), torch.randn(B, L, De, dtype=dtype)
-    ev = bool(De)
-    o, lse, oe, oe_heads = ta.attention_forward(q, q, 0.125, *vec, qe, ke, ev, head_sum)
-    ta.attention_backward(q, torch.zeros(B, K, L), oe if ev else None, q, q, q, lse,
-                          oe_heads if head_sum else oe, 0.125, *vec, qe, ke, ev, head_sum)
-
-
-def mlp_case(dtype):
-    u, V, gamma = (torch.randn(64, 768, dtype=dtype), torch.randn(3072, 768, dtype=dtype),
-                   torch.randn(64, 3072, dtype=dtype))
-    gm.gate_forward(u, V, gamma)
-    gm.gate_backward(u, u, V, gamma)
-    gm.dplr_apply(u, torch.randn(768, dtype=dtype), *torch.randn(2, 768, 16, dtype=dtype))
+def dplr_case(dtype):
+    """The DPLR preconditioner at D_h = 768, rank 16."""
+    g = torch.randn(64, 768, dtype=dtype)
+    dplr.dplr_apply(g, torch.randn(768, dtype=dtype), *torch.randn(2, 768, 16, dtype=dtype))
 
 
 # ---------------------------------------------------------------- tied gated MLP v2
@@ -246,13 +227,7 @@ def cases(dtypes):
                 lambda d=dtype, v=variant: v2_case(d, 64, v)
         yield f"v2 attention d=128 alibi+self+cross {name}", \
             lambda d=dtype: v2_case(d, 128, "alibi+self+cross")
-        for D in (64, 128):
-            yield f"attention d={D} {name}", lambda d=dtype, D=D: attention_case(d, D, 0, False)
-        yield f"attention d=64 extra-in-tile De=64 {name}", \
-            lambda d=dtype: attention_case(d, 64, 64, True)
-        yield f"attention d=64 shared-logits De=768 {name}", \
-            lambda d=dtype: attention_case(d, 64, 768, True)
-        yield f"gated MLP 768x3072 + DPLR R=16 {name}", lambda d=dtype: mlp_case(d)
+        yield f"DPLR 768 R=16 {name}", lambda d=dtype: dplr_case(d)
         yield f"gated MLP v2 element-wise 64x3072 {name}", lambda d=dtype: mlp_v2_case(d)
 
 
@@ -373,7 +348,7 @@ def _record(arch, case, name, kw, kernel, wall, version):
                spills=usage["local_bytes"] + usage["stack_bytes"] > 0,
                fits_shared=shared <= SHARED_LIMIT.get(arch, 48 * 1024),
                case_compile_s=round(wall, 2))
-    if name not in ("_gate_kernel", "_dplr_kernel"):
+    if name != "_dplr_kernel":
         sass = _cuobjdump(kernel.asm["cubin"], "-sass")
         rec["loops"] = loop_report(name, kw, meta.num_warps, sass, version)
     return rec
@@ -407,8 +382,8 @@ TARGETS = {"forward": 12, "backward dkv": 20, "backward dq": 20}
 
 
 def per_element_summary(records) -> list[dict]:
-    """The main loops of the v2 attention kernels in their default configurations (sm_90),
-    against :data:`TARGETS`; the v1 kernels' loops alongside, for comparison."""
+    """The main loops of the attention kernels in their default configurations (sm_90), against
+    :data:`TARGETS`."""
     rows = []
     for r in records:
         if r["arch"] != "sm_90":
@@ -426,7 +401,7 @@ def per_element_summary(records) -> list[dict]:
 
 # ------------------------------------------------------------------------------ autotune sweep
 
-# autotune spaces (tied_attention_v2.GPU_CONFIGS) and the kernel each one launches; the atomic-dq
+# autotune spaces (attention.GPU_CONFIGS) and the kernel each one launches; the atomic-dq
 # backward is the same kernel as "bwd", specialised (ATOMIC_DQ), with a space of its own
 V2_KERNELS = {"fwd": "_fwd_kernel", "pre": "_pre_kernel", "bwd": "_bwd_kernel",
               "headsum": "_headsum_kernel", "extra_grads": "_extra_grads_kernel",
@@ -458,7 +433,7 @@ def candidates(name: str) -> list[dict]:
 # configurations are compiled in all variants by the main report, which checks that).
 SWEEP_VARIANT = "shared-logits De=768"
 SWEEP_VARIANTS = {"bwd_atomic": "shared-logits De=768 atomic-dq"}  # the others: SWEEP_VARIANT
-LAUNCH_NAMES = {"bwd_atomic": "bwd"}  # the kernel's name for tied_attention_v2.use_configs
+LAUNCH_NAMES = {"bwd_atomic": "bwd"}  # the kernel's name for attention.use_configs
 
 
 def _compile_config(arch: int, dtype, width: int, name: str, cfg: dict) -> list[dict]:
@@ -532,10 +507,10 @@ def fit(arch: int, dtype=torch.float16, width: int = 64, names=tuple(V2_KERNELS)
     smaller GPU can load (shared memory per block within :data:`SHARED_LIMIT`), and which
     compile there without spilling. One record per (kernel, entry), with its index in the space:
     what the autotuner there chooses among; ``CEMLIB_AUTOTUNE=0`` launches there the first that
-    loads without spilling, else the first that loads (``tied_attention_v2._first_fitting``)."""
+    loads without spilling, else the first that loads (``runtime.Tuning.first_fitting``)."""
     out = []
     for name in names:
-        for index, cfg in enumerate(v2._gpu_configs(name, width)):
+        for index, cfg in enumerate(v2.TUNING.configs(name, width)):
             for rec in _compile_config(arch, dtype, width, name, cfg):
                 rec["index"] = index
                 out.append(rec)

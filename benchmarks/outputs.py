@@ -21,6 +21,7 @@ __all__ = ["RESULTS", "add_output_arguments", "output_path", "write_json", "anno
 
 #: the folder of the stored benchmark results (next to this file, wherever it is run from)
 RESULTS = Path(__file__).resolve().parent / "results"
+_REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, default: str) -> None:
@@ -77,12 +78,17 @@ def announce(default: str | Path, out: str | Path | None = None, replace: bool =
 
 
 def command_line(script: str, argv=None) -> str:
-    """The command that reproduces a run of ``script`` (a file in ``benchmarks/``; ``argv``:
-    its arguments, default this process's), with the path after ``--out`` shown as ``<file>``
-    (a machine's path stays out of the results)."""
+    """The command that reproduces a run of ``script`` (a file of the repository, such as
+    ``benchmarks/cpu_speed.py`` or ``tools/gpu/host_overhead.py``; ``argv``: its arguments,
+    default this process's), with the path after ``--out`` shown as ``<file>`` (a machine's path
+    stays out of the results)."""
     args = list(argv if argv is not None else sys.argv[1:])
     args = ["<file>" if i and args[i - 1] == "--out" else a for i, a in enumerate(args)]
-    return " ".join([f"python benchmarks/{os.path.basename(script)}", *args])
+    try:
+        where = Path(script).resolve().relative_to(_REPOSITORY).as_posix()
+    except ValueError:  # a copy outside the repository: named as the benchmark it copies
+        where = f"benchmarks/{os.path.basename(script)}"
+    return " ".join([f"python {where}", *args])
 
 
 def _shown(path: Path) -> str:

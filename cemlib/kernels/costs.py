@@ -21,10 +21,13 @@ models and the stored benchmark files count alike):
   every query tile of ``block_m`` rows reads all the key (and value) rows up to the diagonal.
 
 Peak-memory models (:func:`tied_attention_peak_bytes`, :func:`gated_step_peak_bytes`) follow the
-allocation order of cemlib's implementation as it was benchmarked (the fp32 temporaries of
-``Delta`` in :func:`cemlib.kernels.tied_attention_triton.attention_backward`; the three
-``(N, D_v)`` tensors of :func:`cemlib.kernels.gated_mlp_triton.gate_backward`, v1, and of the v2
-step) and of eager autograd; they describe that code, not attention or MLPs in general.
+allocation order of the implementations the stored H100 benchmarks measured (the first generation
+of the kernels, since removed, whose attention backward held fp32 temporaries of ``Delta``; the
+``(N, D_v)`` tensors of the tied MLP step, fused and as :mod:`cemlib.kernels.gated_mlp` does it)
+and of eager autograd; they describe that code, not attention or MLPs in general.
+
+:func:`count_flops` is the measured counterpart of the closed forms: PyTorch's FLOP counter on any
+callable.
 """
 
 from __future__ import annotations
@@ -39,8 +42,7 @@ __all__ = ["count_flops", "Cost", "Machine", "H100_SXM_DATASHEET", "Multiprocess
            "tie_comparison", "BACKWARD_MATMULS"]
 
 # matrix products of one backward pass, in units of one forward product (q k^T or p v); "cemlib"
-# is both versions of the kernels (two programs, or one launch with a d kv and a dq loop, that
-# each recompute q kv^T and dO kv^T)
+# is the kernels' backward (a d kv and a dq walk, each recomputing q kv^T and dO kv^T)
 BACKWARD_MATMULS = {"flash": 5, "cemlib": 7, "autograd": 4}
 LSE_BYTES = 4  # the log-sum-exp is kept in float32
 
@@ -268,8 +270,9 @@ def kv_cache_bytes_per_token(n_heads: int, head_dim: int, *, tied: bool, extra_w
 
 def tied_attention_peak_bytes(B: int, H: int, L: int, d: int, *, elem_bytes: int = 2,
                               mode: str = "fwd_bwd") -> int:
-    """Peak memory (bytes above the inputs) of ``cemlib.kernels.ops.tied_attention`` without an
-    extra pair, forward then backward of the output ``o`` only, as benchmarked.
+    """Peak memory (bytes above the inputs) of the first generation of the attention kernels
+    (removed; measured in ``benchmarks/results/attention_NVIDIA_H100_80GB_HBM3.json``) without
+    an extra pair, forward then backward of the output ``o`` only.
 
     Forward: ``o`` and the float32 ``lse``. Backward: autograd hands a zero ``dlse`` (float32),
     and ``Delta = (o.float() * do.float()).sum(-1)`` holds three float32 copies of an ``o``-sized
@@ -288,10 +291,12 @@ def gated_step_peak_bytes(N: int, D_h: int, D_v: int, *, impl: str, elem_bytes: 
     """Peak memory (bytes above the inputs ``u, V, gamma`` and ``dy``) of one forward+backward of
     the tied gated-MLP step ``y = V^T (gamma * SiLU(V u))``.
 
-    ``impl="fused"`` (cemlib's v1 kernels): the forward keeps only ``y``; the backward kernel writes
+    ``impl="fused"`` (the first generation of the step's kernels, removed; measured in
+    ``benchmarks/results/mlp_NVIDIA_H100_80GB_HBM3.json``): the forward keeps only ``y``; the
+    backward kernel writes
     ``a = gamma * SiLU(h)``, ``dgamma`` and ``dh`` (three ``N x D_v``), then ``du = dh V`` and
     ``dV = a^T dy + dh^T u`` (two ``D_v x D_h`` products and their sum).
-    ``impl="v2"`` (:func:`cemlib.kernels.gated_mlp_triton.tied_gated_mlp_step`): the forward keeps
+    ``impl="v2"`` (:func:`cemlib.kernels.gated_mlp.tied_gated_mlp_step`): the forward keeps
     ``h = u V^T`` and ``y``; the backward adds ``da`` (which becomes ``dh``, then ``a``) and
     ``dgamma``, then ``du`` and ``dV`` (accumulated in place).
     ``impl="eager"`` (autograd): the forward keeps ``h = u V^T``, ``SiLU(h)`` and their product
@@ -305,7 +310,7 @@ def gated_step_peak_bytes(N: int, D_h: int, D_v: int, *, impl: str, elem_bytes: 
     elif impl == "eager":
         elems = N * D_h + 5 * N * D_v + D_v * D_h
     else:
-        raise ValueError(f"impl must be 'fused' or 'eager', got {impl!r}")
+        raise ValueError(f"impl must be 'fused', 'v2' or 'eager', got {impl!r}")
     return elems * elem_bytes
 
 
@@ -332,11 +337,42 @@ def tie_comparison(*, phase: str, L: int, batch: int, n_heads: int, head_dim: in
     return out
 
 
-def count_flops(fn) -> int:
-    """FLOPs that ``fn()`` performs, as counted by :class:`torch.utils.flop_counter.FlopCounterMode`
-    (2 per multiply-add of every matrix product; element-wise work is not counted). The measured
-    counterpart of the closed forms above."""
+def _cpu_sdpa_formulas() -> dict:
+    """PyTorch's FLOP counter knows the CUDA attention kernels of
+    ``scaled_dot_product_attention`` but not the CPU one; count it with PyTorch's own SDPA
+    formulas (the full ``L x L`` score matrix, causal or not, as every other attention product)."""
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    out = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        def forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+            return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+        out[aten._scaled_dot_product_flash_attention_for_cpu] = forward
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        def backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                     **kwargs):
+            return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+        out[aten._scaled_dot_product_flash_attention_for_cpu_backward] = backward
+    return out
+
+
+def count_flops(fn, *, grad: bool = False) -> int:
+    """The matrix-product FLOPs of ``fn()`` as PyTorch counts them
+    (:class:`torch.utils.flop_counter.FlopCounterMode`, 2 per multiply-add; element-wise work is
+    not counted): every matmul, batched matmul, einsum and attention product, the CPU kernel of
+    ``scaled_dot_product_attention`` included, however a model shares its weights (a block
+    iterated ``T`` times is counted ``T`` times). ``fn`` runs under ``torch.no_grad()``, unless
+    ``grad=True`` (a ``fn`` that calls ``backward``: its backward products are counted too)."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with torch.set_grad_enabled(grad), FlopCounterMode(
+            display=False, custom_mapping=_cpu_sdpa_formulas()) as counter:
         fn()
     return int(counter.get_total_flops())

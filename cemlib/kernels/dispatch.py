@@ -1,53 +1,30 @@
-"""Dispatch between the fused Triton kernels, the closed-form PyTorch attention and the reference.
+"""Dispatch between the Triton kernels, the closed-form PyTorch attention and the reference.
 
 The layers call :func:`tied_attention`, :func:`tied_gated_mlp_step` and
-:func:`dplr_precondition` from here. The backend is, in order of precedence:
+:func:`dplr_precondition` from here; all inputs are validated here, for every backend. The
+backend is, in order of precedence: the value given to :func:`set_backend` (or
+:func:`use_backend` inside a ``with`` block); the environment variable ``CEMLIB_KERNELS``, read at
+each call; ``"auto"``.
 
-1. the value given to :func:`set_backend` (or :func:`use_backend` inside a ``with`` block);
-2. the environment variable ``CEMLIB_KERNELS``, read at each call;
-3. ``"auto"``.
-
-Backends:
-
-- ``"auto"`` uses the Triton kernels when the tensors are on CUDA, Triton is installed and the
-  call is one the kernels handle efficiently (fp16/bf16, head width <= 256, and an extra
-  query/key pair that one of the two kernel versions takes efficiently, see
-  :func:`attention_fused`). The kernels built on matrix products (attention, the
-  preconditioner) also need a GPU of compute capability 8.0 or higher
-  (:func:`dots_on_tensor_cores`): below it (a T4, a V100) Triton computes every ``tl.dot`` on
-  the FMA units, not the tensor cores, and cuBLAS through the reference is the faster path
-  (a ``UserWarning`` says so once per such GPU); the MLP step's kernel (element-wise work only)
-  runs there too. Attention on the CPU in float32 or float64 goes to
-  :mod:`cemlib.kernels.tied_attention_torch` (PyTorch operations with a hand-derived backward,
-  first-order only); everything else to the reference. fp32 on CUDA is left to the reference
-  (cuBLAS): the kernels' exact fp32 dot products spill registers
-  (``benchmarks/compile_kernels.py``); forcing ``"triton"`` still runs them in fp32.
-- ``"triton"`` always uses the kernels and raises a clear error where they cannot run (no
-  Triton; CPU tensors without ``TRITON_INTERPRET=1``, under which Triton's interpreter runs the
-  kernels on CPU, slowly, for testing).
-- ``"triton_v1"``: the same, with the first version of the attention kernels for every call.
-- ``"torch"`` uses the closed-form attention on any device (a clear error for a dtype it does
-  not take; the MLP and the preconditioner have no such path and use the reference).
+- ``"auto"`` uses the Triton kernels on CUDA where Triton is installed, in fp16/bf16, for a call
+  the kernel takes (attention: :func:`attention_covers`; the preconditioner: rank <= 64). The
+  kernels built on matrix products (attention, the preconditioner) also need compute capability
+  8.0 or higher (:func:`dots_on_tensor_cores`; below it Triton computes ``tl.dot`` on the FMA
+  units and cuBLAS through the reference is faster, said once per GPU in a ``UserWarning``).
+  Attention on the CPU in float32/float64 runs the closed-form path
+  (:mod:`cemlib.kernels.attention_torch`), everything else the reference. fp32 on CUDA goes to
+  the reference (cuBLAS): the kernels' exact fp32 products spill registers.
+- ``"triton"`` uses the kernels for every call they take, and raises a clear error where they
+  cannot run (no Triton; CPU tensors without ``TRITON_INTERPRET=1``, under which Triton's
+  interpreter runs them on the CPU, slowly, for testing).
+- ``"torch"`` uses the closed-form attention on any device (a clear error for a dtype it does not
+  take); the MLP and the preconditioner have no such path and use the reference.
 - ``"reference"`` always uses :mod:`cemlib.kernels.reference`, autograd of plain PyTorch
   operations (what a second derivative needs).
 
-**Two versions of the attention kernels.** With ``"auto"`` or ``"triton"``, attention runs on
-version 2 (:mod:`cemlib.kernels.tied_attention_v2`: FlashAttention-2 structure, one backward
-launch, autotuned) whenever it covers the call (:func:`cemlib.kernels.paths.v2_covers`): head
-width at most 128, and no extra pair or the head-shared extra pair of the default CEM layer with
-head-summed values. Per-head extra pairs, per-head extra values and wider heads go to version 1
-(:mod:`cemlib.kernels.tied_attention_triton`, through the custom ops of
-:mod:`cemlib.kernels.ops`). To compare the two on the same call:
-
-- ``with use_backend("triton_v1"): tied_attention(...)`` (or ``CEMLIB_KERNELS=triton_v1``), or
-  directly :func:`cemlib.kernels.ops.tied_attention` (version 1);
-- ``with use_backend("triton"): ...``, or directly
-  :func:`cemlib.kernels.tied_attention_v2.tied_attention` (version 2, which raises a
-  ``ValueError`` for a call it does not cover).
-
-All three take the arguments of :func:`cemlib.kernels.reference.tied_attention`.
-
-All inputs are validated here, for all backends.
+An attention call the kernel does not take (a per-head extra pair, per-head extra values, a head
+wider than 128) goes to the PyTorch path under ``"auto"`` and ``"triton"`` alike: the closed form
+on the CPU where it applies, else the reference.
 """
 
 from __future__ import annotations
@@ -61,15 +38,14 @@ import warnings
 
 import torch
 
-from cemlib.kernels import reference, tied_attention_torch
-from cemlib.kernels.paths import MAX_TILE_EXTRA, extra_path, v2_covers
+from cemlib.kernels import attention_torch, reference
+from cemlib.kernels.runtime import attention_covers
 
-__all__ = ["BACKENDS", "MAX_TILE_EXTRA", "set_backend", "get_backend", "use_backend",
-           "triton_available", "dots_on_tensor_cores", "TENSOR_CORE_DOTS_FROM", "extra_path",
-           "v2_covers", "attention_fused", "tied_attention",
-           "tied_gated_mlp_step", "dplr_precondition"]
+__all__ = ["BACKENDS", "set_backend", "get_backend", "use_backend", "triton_available",
+           "dots_on_tensor_cores", "TENSOR_CORE_DOTS_FROM", "attention_covers", "attention_fused",
+           "tied_attention", "tied_gated_mlp_step", "dplr_precondition"]
 
-BACKENDS = ("auto", "triton", "triton_v1", "torch", "reference")
+BACKENDS = ("auto", "triton", "torch", "reference")
 ENV_VAR = "CEMLIB_KERNELS"
 _backend: str | None = None
 _AUTO_DTYPES = (torch.float16, torch.bfloat16)  # what "auto" sends to the kernels
@@ -109,7 +85,7 @@ def use_backend(name: str):
 
 
 #: whether ``triton`` is installed, looked up once, when this module is imported: the layers ask
-#: at every call, and ``importlib.util.find_spec`` is a function ``torch.compile`` refuses to
+#: at every call, and ``importlib.util.find_spec`` is a function ``torch.compile`` may refuse to
 #: trace (torch 2.11 broke a compiled CEM model's graph there at every attention and MLP call)
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
@@ -122,8 +98,8 @@ def triton_available() -> bool:
 
 #: the compute capability from which Triton's ``tl.dot`` runs on the tensor cores (``mma.sync``
 #: from 8.0, ``wgmma`` on 9.0); below it Triton 3.2 and later compute every dot with FMA
-#: instructions (triton-lang/triton pull request 5066; ``tests/test_kernels_compile.py`` checks
-#: it on the installed Triton)
+#: instructions (triton-lang/triton pull request 5066; ``tests/kernels/test_kernels_compile.py``
+#: checks it on the installed Triton)
 TENSOR_CORE_DOTS_FROM = (8, 0)
 _dots_on_tensor_cores: dict[int, bool] = {}  # device index -> answer, asked once per device
 
@@ -151,7 +127,7 @@ def dots_on_tensor_cores(device: torch.device) -> bool:
 # torch.compiler.assume_constant_result(dots_on_tensor_cores), without the import of
 # torch._dynamo that the public decorator makes (it imports triton, and importing cemlib must
 # not: tests/test_imports.py). The decorator sets this attribute and nothing else (torch 2.11
-# and 2.13); tests/test_kernels_dispatch.py fails (a graph break) if it stops meaning that.
+# and 2.13); tests/kernels/test_kernels_dispatch.py fails (a graph break) if it stops meaning it.
 dots_on_tensor_cores._dynamo_marked_constant = True
 
 
@@ -170,7 +146,8 @@ def _use_triton(x: torch.Tensor, supported: bool, dots: bool = True) -> bool:
         raise RuntimeError(f"kernel backend {backend!r} was forced for tensors on {x.device}; "
                            "on CPU set TRITON_INTERPRET=1 before triton is first imported")
     if not x.is_cuda and not torch.compiler.is_compiling():  # (a diagnostic, not traced)
-        late = [name for name in ("cemlib.kernels.tied_attention_triton", "cemlib.kernels.gated_mlp_triton")
+        late = [name for name in ("cemlib.kernels.attention", "cemlib.kernels.gated_mlp",
+                                  "cemlib.kernels.dplr")
                 if name in sys.modules and not getattr(sys.modules[name], "INTERPRET", True)]
         if late:
             raise RuntimeError(f"kernel backend 'triton' on {x.device} tensors runs in Triton's interpreter, but "
@@ -181,23 +158,9 @@ def _use_triton(x: torch.Tensor, supported: bool, dots: bool = True) -> bool:
 
 
 def attention_fused(q, q_extra=None, extra_values=False, extra_head_sum=False) -> bool:
-    """Whether ``"auto"`` sends this attention call to the kernels (on CUDA): fp16/bf16,
-    head width <= 256, and no extra pair that only version 1's spilling wide-tile path could
-    serve (a per-head pair, or per-head extra values, wider than :data:`MAX_TILE_EXTRA`). Which
-    version runs it: :func:`v2_covers`."""
-    path = extra_path(q_extra, extra_values, extra_head_sum)
-    return (q.dtype in _AUTO_DTYPES and q.shape[-1] <= 256
-            and (path != "tile" or q_extra.shape[-1] <= MAX_TILE_EXTRA))
-
-
-def _ops():
-    from cemlib.kernels import ops
-    return ops
-
-
-def _v2():
-    from cemlib.kernels import tied_attention_v2  # imports triton: only at the first call
-    return tied_attention_v2
+    """Whether ``"auto"`` sends this attention call to the kernel (on CUDA): fp16/bf16 and a
+    call the kernel takes (:func:`attention_covers`)."""
+    return q.dtype in _AUTO_DTYPES and attention_covers(q, q_extra, extra_values, extra_head_sum)
 
 
 def _shape(t):
@@ -248,26 +211,24 @@ def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None,
     kw = dict(scale=scale, alibi=alibi, self_bias=self_bias, cross_bias=cross_bias,
               q_extra=q_extra, k_extra=k_extra, extra_values=extra_values,
               extra_head_sum=extra_head_sum)
-    if _use_triton(q, attention_fused(q, q_extra, extra_values, extra_head_sum)):
-        if get_backend() != "triton_v1" and v2_covers(q, q_extra, extra_values, extra_head_sum):
-            return _v2().tied_attention(q, kv, **kw)
-        return _ops().tied_attention(q, kv, **kw)
-    backend, closed_form = get_backend(), tied_attention_torch.supported(q, alibi)
+    covered = attention_covers(q, q_extra, extra_values, extra_head_sum)
+    if covered and _use_triton(q, q.dtype in _AUTO_DTYPES):
+        from cemlib.kernels import attention  # imports triton: only at the first kernel call
+        return attention.tied_attention(q, kv, **kw)
+    backend, closed_form = get_backend(), attention_torch.supported(q, alibi)
     if backend == "torch" and not closed_form:
         raise ValueError(f"kernel backend 'torch' takes float32/float64 attention with fixed "
                          f"ALiBi slopes, got {q.dtype}"
                          + (" and slopes that require grad" if q.dtype in
-                            tied_attention_torch.DTYPES else ""))
-    if backend == "torch" or (backend == "auto" and q.device.type == "cpu" and closed_form):
-        return tied_attention_torch.tied_attention(q, kv, **kw)
+                            attention_torch.DTYPES else ""))
+    if backend == "torch" or (backend != "reference" and q.device.type == "cpu" and closed_form):
+        return attention_torch.tied_attention(q, kv, **kw)
     return reference.tied_attention(q, kv, **kw)
 
 
 def tied_gated_mlp_step(u, V, gamma):
     """``V^T (gamma * SiLU(V u))``; see :func:`cemlib.kernels.reference.tied_gated_mlp_step`.
-    The kernel path is v2, :func:`cemlib.kernels.gated_mlp_triton.tied_gated_mlp_step` (cuBLAS
-    GEMMs, fused element-wise work); v1 stays callable as
-    :func:`cemlib.kernels.ops.tied_gated_mlp_step`."""
+    The kernel path: :func:`cemlib.kernels.gated_mlp.tied_gated_mlp_step`."""
     if u.dim() < 1 or V.dim() != 2 or V.shape[1] != u.shape[-1]:
         raise ValueError(f"V must have shape (D_v, {u.shape[-1] if u.dim() else '?'}) "
                          f"matching u (..., D_h), got V {_shape(V)} and u {_shape(u)}")
@@ -281,8 +242,8 @@ def tied_gated_mlp_step(u, V, gamma):
     if not (u.dtype == V.dtype == gamma.dtype):
         raise ValueError(f"u, V, gamma must share a dtype, got {u.dtype}, {V.dtype}, {gamma.dtype}")
     if _use_triton(u, u.dtype in _AUTO_DTYPES and gamma.shape[:-1] == u.shape[:-1], dots=False):
-        from cemlib.kernels import gated_mlp_triton  # v2: cuBLAS GEMMs + fused element-wise work
-        return gated_mlp_triton.tied_gated_mlp_step(u, V, gamma)
+        from cemlib.kernels import gated_mlp  # imports triton: only at the first kernel call
+        return gated_mlp.tied_gated_mlp_step(u, V, gamma)
     return reference.tied_gated_mlp_step(u, V, gamma)
 
 
@@ -297,5 +258,6 @@ def dplr_precondition(g, d, U, V):
         raise ValueError(f"g, d, U, V must share a dtype, got {g.dtype}, {d.dtype}, {U.dtype}, "
                          f"{V.dtype}")
     if _use_triton(g, g.dtype in _AUTO_DTYPES and U.shape[1] <= 64):
-        return _ops().dplr_precondition(g, d, U, V)
+        from cemlib.kernels import dplr  # imports triton: only at the first kernel call
+        return dplr.dplr_precondition(g, d, U, V)
     return reference.dplr_precondition(g, d, U, V)

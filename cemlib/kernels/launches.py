@@ -1,6 +1,9 @@
-"""Count the kernel launches a piece of host code would make on a GPU, on any machine.
+"""Count the kernel launches a piece of host code would make on a GPU, and the ATen operators it
+dispatches, on any machine.
 
-Two kinds are counted inside :func:`count_launches`:
+:func:`count_operators` counts every ATen operator ``fn()`` dispatches (views and in-place
+updates included: each costs a dispatch on the host). Two kinds are counted inside
+:func:`count_launches`:
 
 - **Triton launches**: every ``kernel[grid](...)`` that runs (compiled, or under Triton's
   interpreter with ``TRITON_INTERPRET=1``), by kernel name;
@@ -9,7 +12,7 @@ Two kinds are counted inside :func:`count_launches`:
   allocations (``empty`` and friends: the caching allocator, no kernel). A factory such as
   ``zeros`` counts once, for its fill. Operators called inside a ``torch.library`` custom op are
   not seen (the op is counted once, under its own name), so the count is exact for code built
-  from ATen operators and Triton kernels, as :mod:`cemlib.kernels.tied_attention_v2` is.
+  from ATen operators and Triton kernels, as :mod:`cemlib.kernels.attention` is.
 
 On a CPU the PyTorch operators run on the CPU; the count is what the same code issues on CUDA,
 where each of these operators is one kernel launch (cuBLAS GEMMs included). It is a count, not a
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["Launches", "count_launches", "NO_KERNEL"]
+__all__ = ["Launches", "count_launches", "count_operators", "OperatorCounter", "NO_KERNEL"]
 
 # ATen operators that allocate or only describe a tensor: no kernel on a GPU
 NO_KERNEL = frozenset({
@@ -55,17 +58,38 @@ class Launches:
                 f"{sum(self.torch.values())} PyTorch ({fmt(self.torch)})")
 
 
-class _CountOperators(TorchDispatchMode):
-    def __init__(self, counter: collections.Counter):
+class OperatorCounter(TorchDispatchMode):
+    """A dispatch mode that counts, by name, the operators dispatched inside it into
+    :attr:`counter`: every operator (``kernels_only=False``: each is a dispatch on the host), or
+    only those that launch a kernel on a GPU (``kernels_only=True``: no views, no allocations
+    or metadata operations (:data:`NO_KERNEL`), nothing inside a Triton launch)."""
+
+    def __init__(self, counter: collections.Counter | None = None, kernels_only: bool = False):
         super().__init__()
-        self.counter = counter
+        self.counter = collections.Counter() if counter is None else counter
+        self.kernels_only = kernels_only
         self.in_triton = 0  # > 0 inside a Triton launch (the interpreter copies its arguments)
 
+    @property
+    def total(self) -> int:
+        return sum(self.counter.values())
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if not (self.in_triton or func.is_view or name in NO_KERNEL):
-            self.counter[name if func.namespace == "aten" else f"{func.namespace}::{name}"] += 1
+        if not self.kernels_only:
+            self.counter[func.__name__] += 1
+        else:
+            name = func.overloadpacket.__name__
+            if not (self.in_triton or func.is_view or name in NO_KERNEL):
+                self.counter[name if func.namespace == "aten" else f"{func.namespace}::{name}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+def count_operators(fn) -> int:
+    """The number of ATen operators ``fn()`` dispatches, views and in-place updates included
+    (each costs a dispatch on the host): what a step asks of the host, beside its kernels."""
+    with OperatorCounter() as counter:
+        fn()
+    return counter.total
 
 
 def _kernel_classes():
@@ -88,7 +112,7 @@ def count_launches(operators: bool = True):
     records Triton launches only (``n.torch`` stays empty): then the block may run code compiled
     by ``torch.compile``, which refuses to trace under the operator-recording dispatch mode."""
     result = Launches()
-    mode = _CountOperators(result.torch)
+    mode = OperatorCounter(result.torch, kernels_only=True)
     patched = []
     try:
         import triton  # noqa: F401

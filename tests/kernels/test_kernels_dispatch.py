@@ -284,30 +284,31 @@ def test_reference_head_sum_is_the_sum_of_the_per_head_extra_values():
     torch.testing.assert_close(oe_sum, oe.sum(1), rtol=1e-13, atol=1e-13)
 
 
-@pytest.mark.parametrize("shape, values, head_sum, path, fused", [
-    (None, False, False, None, True),                # no extra pair
-    ((2, 9, 128), True, False, "tile", True),        # fits one tile: per-head values fine
-    ((2, 3, 9, 64), True, True, "tile", True),       # per-head pair, narrow
-    ((2, 9, 768), True, True, "logits", True),       # the default CEM layer at D_h = 768
-    ((2, 9, 768), False, False, "logits", True),     # diag_grad="paper": logits only
-    ((2, 9, 768), True, False, "tile", False),       # per-head values at width 768: reference
-    ((2, 3, 9, 768), True, True, "tile", False),     # per-head diagonal at width 768: reference
+@pytest.mark.parametrize("shape, values, head_sum, covered", [
+    (None, False, False, True),                # no extra pair
+    ((2, 9, 128), True, False, False),         # per-head extra values of a shared pair
+    ((2, 3, 9, 64), True, True, False),        # per-head pair, narrow
+    ((2, 9, 768), True, True, True),           # the default CEM layer at D_h = 768
+    ((2, 9, 768), False, False, True),         # diag_grad="paper": logits only
+    ((2, 9, 768), True, False, False),         # per-head values at width 768
+    ((2, 3, 9, 768), True, True, False),       # per-head diagonal at width 768
 ])
-def test_extra_pair_routing(shape, values, head_sum, path, fused):
-    """Which path the kernels take for the extra pair, and whether "auto" uses them on CUDA."""
+def test_extra_pair_routing(shape, values, head_sum, covered):
+    """Which calls the attention kernel takes, and whether "auto" sends them to it on CUDA."""
     q = torch.empty(2, 3, 9, 64, dtype=torch.bfloat16)
     qe = None if shape is None else torch.empty(shape, dtype=torch.bfloat16)
-    assert dispatch.extra_path(qe, values, head_sum) == path
-    assert dispatch.attention_fused(q, qe, values, head_sum) == fused
+    assert dispatch.attention_covers(q, qe, values, head_sum) == covered
+    assert dispatch.attention_fused(q, qe, values, head_sum) == covered
     assert not dispatch.attention_fused(q.double(), qe, values, head_sum)  # no float64 kernels
     assert not dispatch.attention_fused(q.float(), qe, values, head_sum)  # fp32 spills: cuBLAS
-    assert not dispatch.attention_fused(torch.empty(2, 3, 9, 512), None)  # head width > 256
+    assert not dispatch.attention_fused(torch.empty(2, 3, 9, 136, dtype=torch.bfloat16), None)
+    assert dispatch.attention_fused(torch.empty(2, 3, 9, 128, dtype=torch.float16), None)
 
 
 def test_default_cem_layer_calls_the_fusable_attention(monkeypatch):
     """The default CEM attention layer (shared diagonal, exact, no preconditioner) at GPT-2
     width asks for head-summed diagonal values, which "auto" fuses on CUDA; with a per-head
-    preconditioner it needs per-head values, which go to the reference at that width."""
+    preconditioner it needs per-head values, which go to the PyTorch path."""
     from cemlib.layers.cem_attention import CEMAttention
     seen = []
     real = dispatch.tied_attention

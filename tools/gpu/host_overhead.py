@@ -22,15 +22,15 @@ benchmarks time; ``cem_v2_atomic``; ``cem_diag_v2``: the default CEM layer's cal
 the tied gated-MLP step v2, 16 tokens, D_h = 16, D_v = 64, float32) and per path:
 
 - ``cemlib``: as shipped; the autotuner is consulted once per call signature
-  (``tied_attention_v2._launch``), and the compiled kernel is launched without Triton's per-call
-  specialization (:mod:`cemlib.kernels.direct_launch`);
+  (``attention.TUNING.launch``, :class:`cemlib.kernels.runtime.Tuning`), and the compiled kernel
+  is launched without Triton's per-call specialization (:func:`cemlib.kernels.runtime.launch`);
 - ``without_direct_launch``: the same through Triton's ``JITFunction.run`` at every launch
   (``CEMLIB_DIRECT_LAUNCH=0``);
 - ``through_autotuner``: every launch through ``triton.autotune``'s ``run``, as before either
   change;
 - ``operators``: what a graph compiled with ``torch.compile`` calls, the forward and backward
-  ``torch.library`` operators (attention: ``tied_attention_v2._fwd_op``, ``_bwd_op``; the MLP
-  step: ``gated_mlp_triton._step_fwd``, ``_step_bwd``), without autograd (in a compiled graph
+  ``torch.library`` operators (attention: ``attention._fwd_op``, ``_bwd_op``; the MLP
+  step: ``gated_mlp._step_fwd``, ``_step_bwd``), without autograd (in a compiled graph
   AOTAutograd runs the derivative: no autograd layer around either operator);
 - ``custom_ops`` (the MLP step; rows in ``results/host_overhead_cpu.json``, of 03d0078): its
   forward as a ``torch.library.custom_op`` with its derivative, called in eager mode, and every
@@ -43,7 +43,7 @@ microseconds of one forward+backward (``full_us``), the same with every Triton
 launch skipped (``without_launches_us``: torch and cemlib only), the recorded launches replayed
 alone (``launches_us``), and the launches per call. ``bwd_launch_layers_us`` takes one backward
 launch apart: through the autotuner, with the cached choice through ``JITFunction.run`` and
-through the direct launch, ``JITFunction.run`` and :func:`direct_launch.launch` alone with the
+through the direct launch, ``JITFunction.run`` and :func:`runtime.launch` alone with the
 configuration given, the binder alone, the compiled launcher alone (a no-op here). ``floor_us``: a
 ``torch.autograd.Function`` with the same inputs whose forward and backward only allocate their
 outputs, the least any custom autograd call costs.
@@ -62,9 +62,10 @@ run of 2026-11-27 measured a CEM v2 forward+backward at 0.51 ms of wall time whe
 measurement predicted about 0.25 ms (``NOTES.md``, step 24): this mode says where the difference
 goes. ``gpu_kernels.py``'s profile stage runs it (:func:`run`).
 
-Usage: ``python benchmarks/host_overhead.py [--quick] [--device cuda] [--out FILE | --replace]``
-(writes ``results/host_overhead_cpu.json``, or ``results/host_overhead_<GPU>.json``). The CPU's
-speed sets the scale: compare rows of one run.
+Usage: ``python tools/gpu/host_overhead.py [--quick] [--device cuda] [--out FILE | --replace]``
+(writes ``tools/gpu/results/host_overhead_cpu.json``, or ``host_overhead_<GPU>.json``; the stored
+runs are in ``benchmarks/results/history/``). The CPU's speed sets the scale: compare rows of
+one run.
 Relies on Triton internals (``triton.runtime.driver``, ``Autotuner._bench``, the binder in
 ``JITFunction.device_caches``), checked on Triton 3.6 and 3.9.
 """
@@ -78,6 +79,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels (for sm_90), never the interpreter
 
@@ -87,18 +89,24 @@ import triton  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cemlib.kernels import direct_launch, reference  # noqa: E402
-from cemlib.kernels import gated_mlp_triton as gm  # noqa: E402
-from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPOSITORY = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPOSITORY, "benchmarks"))
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPOSITORY)
+from cemlib.kernels import attention as attn  # noqa: E402
+from cemlib.kernels import dplr, reference, runtime  # noqa: E402
+from cemlib.kernels import gated_mlp as gm  # noqa: E402
 from cemlib.train.results import environment_info, git_commit  # noqa: E402
 from compile_kernels import _TargetDriver  # noqa: E402
 from common import device_slug  # noqa: E402
-from outputs import RESULTS, announce, command_line, write_json  # noqa: E402
+from outputs import announce, command_line, write_json  # noqa: E402
 
+#: where the GPU tools write their results (the book reads ``benchmarks/results/``)
+RESULTS = Path(HERE) / "results"
 METHODS = ("sdpa_untied", "cem_v2", "cem_v2_atomic", "cem_diag_v2", "mlp_v2")
-PARALLEL_COMPILE = v2.PARALLEL_COMPILE
+TUNING = attn.TUNING
+PARALLEL_COMPILE = TUNING.parallel_compile
 
 
 class _Utils:
@@ -124,24 +132,19 @@ class NullDriver(_TargetDriver):
 
 def gpu_paths():
     """Make cemlib take its GPU path on CPU tensors: every launch as if on CUDA (GPU
-    configurations, the autotuner, direct launches; the first version's attention kernels, the
-    MLP gate and the DPLR preconditioner with their GPU tiles, which they choose from the
-    tensors' device), the autotuner's timing runs replaced by equal times (it keeps its first,
-    default, configuration)."""
-    from cemlib.kernels import tied_attention_triton as v1
-    launch, cuda = v2._launch, torch.device("cuda")
-    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
+    configurations, the autotuner, direct launches; the DPLR preconditioner with its GPU tiles,
+    which it chooses from the tensors' device), the autotuner's timing runs replaced by equal
+    times (it keeps its first, default, configuration)."""
+    launch, cuda = TUNING.launch, torch.device("cuda")
+    TUNING.launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
         launch(name, kernel, grid, args, meta, block_d, cuda, length, table)
-    v2.INTERPRET = v1.INTERPRET = gm.INTERPRET = False
-    blocks, gate, dplr = v1._blocks, gm._gate_blocks, gm._dplr_blocks
-    v1._blocks = lambda L, D, DE, device, kind="fwd": blocks(L, D, DE, cuda, kind)
-    gm._gate_blocks = lambda device: gate(cuda)
-    gm._dplr_blocks = lambda R, device: dplr(R, cuda)
-    direct = direct_launch.launch  # the MLP's element-wise launches: as on CUDA tensors
-    direct_launch.launch = lambda kernel, grid, args, kw, cuda=True: direct(kernel, grid, args,
-                                                                          kw, True)
+    attn.INTERPRET = gm.INTERPRET = dplr.INTERPRET = TUNING.interpret = False
+    blocks = dplr._blocks
+    dplr._blocks = lambda R, device: blocks(R, cuda)
+    direct = runtime.launch  # the MLP's element-wise launches and the fold: as on CUDA tensors
+    runtime.launch = lambda kernel, grid, args, kw, cuda=True: direct(kernel, grid, args, kw, True)
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
-    for f in (*vars(v1).values(), *vars(gm).values(), *vars(v2).values()):
+    for f in (*vars(attn).values(), *vars(gm).values(), *vars(dplr).values()):
         if isinstance(f, triton.runtime.jit.JITFunction):
             f.device_caches.clear()  # binders cache the target per device
     driver.set_active(NullDriver())
@@ -209,16 +212,16 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
 
             def call():
                 with torch.no_grad():
-                    o, lse, _, e2, a = v2._fwd_op(q, kv, d ** -0.5, slopes, None, None, qe, ke,
-                                                  True)
-                    v2._bwd_op(do, None, doe, q, kv, o, lse, d ** -0.5, slopes, None, None, qe,
-                               ke, e2, a, needs, -1)
+                    o, lse, _, e2, a = attn._fwd_op(q, kv, d ** -0.5, slopes, None, None, qe,
+                                                    ke, True)
+                    attn._bwd_op(do, None, doe, q, kv, o, lse, d ** -0.5, slopes, None, None, qe,
+                                 ke, e2, a, needs, -1)
             return call, leaves
 
         def call():
-            o, _, oe = v2.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
-                                         q_extra=leaves[2], k_extra=leaves[3], extra_values=True,
-                                         extra_head_sum=True)
+            o, _, oe = attn.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
+                                           q_extra=leaves[2], k_extra=leaves[3],
+                                           extra_values=True, extra_head_sum=True)
             torch.autograd.backward((o, oe), (do, doe))
         return call, leaves
     leaves = [t.clone().requires_grad_() for t in (q, kv, torch.zeros(H, device=device),
@@ -229,15 +232,15 @@ def call_of(name, B=1, H=12, T=16, d=64, De=16, dtype=torch.bfloat16, path="ceml
 
         def call():
             with torch.no_grad():
-                o, lse, *_ = v2._fwd_op(q, kv, d ** -0.5, slopes, leaves[2], leaves[3], None,
-                                        None, False)
-                v2._bwd_op(do, None, None, q, kv, o, lse, d ** -0.5, slopes, leaves[2],
-                           leaves[3], None, None, None, None, needs, int(atomic))
+                o, lse, *_ = attn._fwd_op(q, kv, d ** -0.5, slopes, leaves[2], leaves[3], None,
+                                          None, False)
+                attn._bwd_op(do, None, None, q, kv, o, lse, d ** -0.5, slopes, leaves[2],
+                             leaves[3], None, None, None, None, needs, int(atomic))
         return call, leaves
 
     def call():
-        o = v2.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
-                              self_bias=leaves[2], cross_bias=leaves[3], atomic_dq=atomic)[0]
+        o = attn.tied_attention(leaves[0], leaves[1], scale=d ** -0.5, alibi=slopes,
+                                self_bias=leaves[2], cross_bias=leaves[3], atomic_dq=atomic)[0]
         o.backward(do)
     return call, leaves
 
@@ -290,13 +293,13 @@ def measure(name, path, n, device="cpu", B=1):
         for _ in range(20):
             call()
         return dict(method=name, path=path, full_us=round(median_us(call, n, leaves), 1))
-    v2._tuned = _NoCache() if path == "through_autotuner" else {}
-    v2._choices = _NoCache() if path == "through_autotuner" else {}
+    TUNING.tuned = _NoCache() if path == "through_autotuner" else {}
+    TUNING.choices = _NoCache() if path == "through_autotuner" else {}
     # (the warm-up that compiles a space in parallel runs where no choice is cached: at every
     # launch on that path, which predates it)
-    v2.PARALLEL_COMPILE = path != "through_autotuner" and PARALLEL_COMPILE
-    direct_launch._enabled[0] = path in ("cemlib", "operators")  # as shipped
-    direct_launch.clear()
+    TUNING.parallel_compile = path != "through_autotuner" and PARALLEL_COMPILE
+    runtime._enabled[0] = path in ("cemlib", "operators")  # as shipped
+    runtime.clear()
     call, leaves = call_of(name, B=B, path=path, device=device)
     call()  # compiles, autotunes
     for _ in range(20):
@@ -304,8 +307,8 @@ def measure(name, path, n, device="cpu", B=1):
     full = median_us(call, n, leaves)
     # every launcher of the call: the MLP's element-wise launches; the attention's autotuned
     # launches and its fold of the bias gradients (a fixed configuration, launched directly)
-    launchers = [(gm, "_elementwise")] if name.startswith("mlp") else [(v2, "_launch"),
-                                                                       (v2, "_fold")]
+    launchers = [(gm, "_elementwise")] if name.startswith("mlp") else [(TUNING, "launch"),
+                                                                       (attn, "_fold")]
     originals = {attr: getattr(module, attr) for module, attr in launchers}
     recorded = []
 
@@ -335,7 +338,7 @@ def measure(name, path, n, device="cpu", B=1):
                launches_us=round(median_us(replay, n), 1), launches_per_call=len(recorded))
     if path == "cemlib" and name == "cem_v2":
         row["bwd_launch_layers_us"] = launch_layers(
-            [(args, kw) for attr, args, kw in recorded if attr == "_launch"], n)
+            [(args, kw) for attr, args, kw in recorded if attr == "launch"], n)
     return row
 
 
@@ -346,7 +349,7 @@ def launch_layers(recorded, n):
     (name, kernel, grid, args, meta, block_d, device, length, *rest), _ = next(
         r for r in recorded if r[0][0] == "bwd")
     table = rest[0] if rest else name
-    tuner = v2._tuner(name, kernel, table, block_d)
+    tuner = TUNING.tuner(name, kernel, table, block_d)
     best = dict(tuner.best_config.all_kwargs())
     g = grid(best)
     kw = dict(meta, **best)
@@ -359,21 +362,21 @@ def launch_layers(recorded, n):
     n = 4 * n
 
     def cached_choice(direct):
-        direct_launch._enabled[0] = direct
-        v2._launch(name, kernel, grid, args, meta, block_d, device, length, table)  # the caches
+        runtime._enabled[0] = direct
+        TUNING.launch(name, kernel, grid, args, meta, block_d, device, length, table)  # caches
         return round(median_us(
-            lambda: v2._launch(name, kernel, grid, args, meta, block_d, device, length, table),
+            lambda: TUNING.launch(name, kernel, grid, args, meta, block_d, device, length, table),
             n), 1)
     try:
         row = dict(autotuner_and_jit=round(median_us(lambda: tuner[grid](*args, **meta), n), 1),
                    cached_choice_and_jit=cached_choice(False),
                    cached_choice_and_direct=cached_choice(True))
     finally:
-        direct_launch._enabled[0] = True
+        runtime._enabled[0] = True
     return dict(
         row,
         jit_run=round(median_us(lambda: kernel[g](*args, **kw), n), 1),
-        direct_launch=round(median_us(lambda: direct_launch.launch(kernel, g, args, kw), n), 1),
+        direct_launch=round(median_us(lambda: runtime.launch(kernel, g, args, kw), n), 1),
         binder=round(median_us(lambda: binder(*args, **kw), n), 1),
         **{"compiled_launcher" if torch.device(device).type == "cuda" else
            "compiled_launcher_noop": round(median_us(
@@ -428,7 +431,7 @@ def run(device="cpu", quick=False, argv=None, n=None, rounds=None) -> dict:
     torch.set_num_threads(1)
     env = run_env(torch_threads=1, **({"device": torch.cuda.get_device_name(device)}
                                       if cuda else {}))
-    saved = (v2._tuned, v2._choices, v2.PARALLEL_COMPILE, direct_launch._enabled[0])
+    saved = (TUNING.tuned, TUNING.choices, TUNING.parallel_compile, runtime._enabled[0])
     if not cuda:
         gpu_paths()
     n = n or (30 if quick else 400)
@@ -446,8 +449,8 @@ def run(device="cpu", quick=False, argv=None, n=None, rounds=None) -> dict:
                 print(f"round {r + 1} of {rounds} done", flush=True)
             floor = min(round(floor_us(n, B=B, device=device), 1) for _ in range(rounds))
     finally:
-        v2._tuned, v2._choices, v2.PARALLEL_COMPILE, direct_launch._enabled[0] = saved
-        direct_launch.clear()
+        TUNING.tuned, TUNING.choices, TUNING.parallel_compile, runtime._enabled[0] = saved
+        runtime.clear()
         torch.set_num_threads(threads)
     rows = smallest(measured)
     for row in rows:
@@ -492,8 +495,8 @@ def main(argv=None):
                                                         "that the script runs, not a result)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu: the stand-in driver (default); cuda: a GPU's host, real launches")
-    p.add_argument("--out", help="JSON path (default: results/host_overhead_cpu.json, or "
-                                 "host_overhead_<GPU>.json; an existing one is kept unless "
+    p.add_argument("--out", help="JSON path (default: tools/gpu/results/host_overhead_cpu.json, "
+                                 "or host_overhead_<GPU>.json; an existing one is kept unless "
                                  "--replace)")
     p.add_argument("--replace", action="store_true")
     args = p.parse_args(argv)

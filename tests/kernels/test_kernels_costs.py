@@ -1,4 +1,5 @@
-"""The FLOP, byte and memory models of ``cemlib.kernels.costs`` and the roofline plots/explorer.
+"""The FLOP, byte and memory models of ``cemlib.kernels.costs``, the FLOP counter, the launch and
+operator counters of ``cemlib.kernels.launches``, and the roofline plots/explorer.
 
 FLOPs are checked against PyTorch's own FLOP counter on the reference implementations, bytes
 against the sizes of the tensors a call reads and writes, and the two peak-memory models against
@@ -20,7 +21,7 @@ from cemlib.kernels import dispatch, reference  # noqa: E402
 from cemlib.layers.cem_mlp import CEMMLP  # noqa: E402
 from cemlib.layers.llama import SwiGLU  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 f64 = torch.float64
 
 
@@ -38,7 +39,7 @@ def test_attention_flops_match_the_flop_counter_on_the_reference():
     def fwd_bwd():
         o, lse = reference.tied_attention(q, kv, scale=0.5)
         (o.sum() + lse.sum()).backward()
-    assert counted(fwd_bwd) == C.attention_flops(B, K, L, D, causal=False, mode="fwd_bwd",
+    assert counted(fwd_bwd, grad=True) == C.attention_flops(B, K, L, D, causal=False, mode="fwd_bwd",
                                                  backward="autograd")
     # head-shared extra pair with head-summed values: logits and values, width De
     extra = counted(lambda: reference.tied_attention(q.detach(), kv.detach(), scale=0.5, q_extra=qe,
@@ -74,7 +75,8 @@ def test_mlp_flops_match_the_flop_counter():
     gamma = torch.randn(N, Dm, dtype=f64, generator=g, requires_grad=True)
     assert counted(lambda: reference.tied_gated_mlp_step(u, V, gamma)) == \
         C.mlp_flops(N, Dh, Dm, kind="cem_step")
-    assert counted(lambda: reference.tied_gated_mlp_step(u, V, gamma).sum().backward()) == \
+    assert counted(lambda: reference.tied_gated_mlp_step(u, V, gamma).sum().backward(),
+                   grad=True) == \
         C.mlp_flops(N, Dh, Dm, kind="cem_step", mode="fwd_bwd")
     with pytest.raises(ValueError, match="kind"):
         C.mlp_flops(N, Dh, Dm, kind="gelu")
@@ -247,3 +249,52 @@ def test_instruction_budget_per_score_element():
     assert slow["bound"] == slow["issue"] and slow["peak_fraction"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError):
         C.instruction_budget(0, 2)
+
+
+def test_count_flops_runs_without_grad_and_counts_cpu_attention():
+    """``count_flops`` runs ``fn`` under ``no_grad`` (a backward inside fails there; ``grad=True``
+    counts it), refuses what is not callable, and counts the CPU kernel of
+    ``scaled_dot_product_attention`` (which PyTorch's counter misses) like the explicit
+    products: ``softmax(q k^T) v`` with the full ``L x L`` score matrix."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 7, 4, generator=g, requires_grad=True) for _ in range(3))
+    seen = []
+    C.count_flops(lambda: seen.append(torch.is_grad_enabled()))
+    C.count_flops(lambda: seen.append(torch.is_grad_enabled()), grad=True)
+    assert seen == [False, True]
+    with pytest.raises(RuntimeError):
+        C.count_flops(lambda: (q * 2).sum().backward())
+    with pytest.raises(TypeError, match="callable"):
+        C.count_flops(3)
+    sdpa = C.count_flops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    explicit = C.count_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    assert sdpa == explicit == 4 * 2 * 3 * 7 * 7 * 4
+
+
+def test_count_launches_counts_kernels_not_views():
+    from cemlib.kernels.launches import count_launches
+    a = torch.randn(4, 6)
+    with count_launches() as n:
+        b = (a @ a.T).relu()          # two kernels
+        c = b.view(16).transpose(0, 0)  # views: none
+        torch.empty(5)                # an allocation: none
+        c.sum()                       # one
+    assert dict(n.torch) == {"mm": 1, "relu": 1, "sum": 1} and not n.triton and n.total == 3
+
+
+def test_count_operators_counts_every_dispatch():
+    """``count_operators``: every ATen operator the call dispatches, views, allocations and
+    in-place updates included (each a dispatch on the host), where ``count_launches`` counts
+    only those that launch a kernel."""
+    from cemlib.kernels.launches import OperatorCounter, count_operators
+    a = torch.randn(4, 6)
+
+    def call():
+        b = (a @ a.T).relu_()         # permute (a.T), mm, relu_
+        b.view(16).transpose(0, 0)    # view, transpose
+        torch.empty(5)                # empty
+    assert count_operators(call) == 6
+    with OperatorCounter() as counter:
+        call()
+    assert counter.total == 6 and counter.counter["mm.default"] == 1

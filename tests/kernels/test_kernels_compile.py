@@ -1,5 +1,5 @@
 """Every Triton kernel compiles for the H100 (sm_90) in bf16 without spilling registers, and the
-v2 attention kernels' loops stay within their instruction budgets.
+attention kernels' loops stay within their instruction budgets.
 
 No GPU is needed: ``benchmarks/compile_kernels.py`` compiles through Triton's bundled ``ptxas``
 and reads each cubin's registers, local memory (spills) and shared memory with ``cuobjdump``, and
@@ -9,10 +9,11 @@ spills at the GPU tile sizes, that falls back from ``wgmma`` (``HGMMA``) to ``mm
 loops carry more element-wise work than the budget (``benchmarks/NOTES.md``). It runs in a fresh
 process because the interpreter tests set ``TRITON_INTERPRET=1`` for this one.
 
-The committed reports are checked too, without compiling: the v2 autotune space
-(``tied_attention_v2.GPU_CONFIGS``) is the spill-free part of the committed sweep, with at least
-15 configurations per kernel at head width 64, and the committed report's default
-configurations meet the budgets.
+The committed reports are checked too, without compiling: the attention's autotune space
+(``attention.GPU_CONFIGS``, from ``attention_configs.json``) is the spill-free part of the
+committed sweep, with at least 15 configurations per kernel at head width 64, and the committed
+report's default configurations meet the budgets (records with ``version`` 2: the attention
+kernels; the stored report also holds the removed first generation's).
 """
 
 import importlib.util
@@ -27,7 +28,7 @@ import pytest
 # not imported here: the interpreter tests must be the first to import triton (interpreter mode)
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 V2_KERNELS = {"_fwd_kernel", "_pre_kernel", "_bwd_kernel", "_headsum_kernel", "_extra_grads_kernel",
               "_fold_kernel"}
@@ -54,6 +55,7 @@ def check_v2_records(records):
         assert value <= BUDGET[kind], (case, kind, value)
 
 
+@pytest.mark.slow
 def test_all_kernels_compile_for_sm90_without_spills(tmp_path):
     out = tmp_path / "compile.json"
     run = subprocess.run([sys.executable, "benchmarks/compile_kernels.py", "--quick", "--arch",
@@ -61,12 +63,8 @@ def test_all_kernels_compile_for_sm90_without_spills(tmp_path):
                          timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     d = json.loads(out.read_text())
-    kernels = {(r["case"].split(" bfloat16")[0], r["kernel"]) for r in d["records"]}
-    fused_path = "attention d=64 shared-logits De=768"
-    for name in ("_fwd_kernel", "_bwd_dkv_kernel", "_bwd_dq_kernel", "_headsum_kernel",
-                 "_rowdot_kernel"):
-        assert (fused_path, name) in kernels  # the first version, still compiled
-    assert {r["kernel"] for r in d["records"]} >= {"_gate_kernel", "_dplr_kernel"}
+    assert {r["kernel"] for r in d["records"]} >= V2_KERNELS | {
+        "_dplr_kernel", "_silu_gate_kernel", "_silu_gate_bwd_kernel"}
     for r in d["records"]:
         assert r["arch"] == "sm_90"
         assert r["version"] == 2 or r["num_warps"] == 4
@@ -76,6 +74,7 @@ def test_all_kernels_compile_for_sm90_without_spills(tmp_path):
     check_v2_records(d["records"])
 
 
+@pytest.mark.slow
 def test_triton_dots_run_on_tensor_cores_from_the_capability_dispatch_assumes(tmp_path):
     """``cemlib.kernels.dispatch`` sends attention to the kernels only on GPUs of compute
     capability >= ``TENSOR_CORE_DOTS_FROM`` (8.0): below it the installed Triton computes
@@ -98,6 +97,7 @@ def test_triton_dots_run_on_tensor_cores_from_the_capability_dispatch_assumes(tm
         assert d["tensor_cores_from"] == threshold
 
 
+@pytest.mark.slow
 def test_autotuning_off_picks_the_first_entry_that_loads_without_spilling():
     """``CEMLIB_AUTOTUNE=0`` on an A100 (sm_80) with the installed Triton: the forward's entries
     are compiled and loaded (by a stand-in driver that reads each cubin's spills and refuses
@@ -105,10 +105,11 @@ def test_autotuning_off_picks_the_first_entry_that_loads_without_spilling():
     loads without spilling, and that one runs. Which entries spill depends on the Triton version
     (Triton 3.9: entries 0-2 spill for sm_80, entry 3 does not; on sm_75 the first of 19 that
     loads without spilling is entry 17), so the test checks the rule, not an index; the
-    refusals of a smaller GPU are tested with a stand-in in ``test_kernels_v2.py``."""
+    refusals of a smaller GPU are tested with a stand-in in ``test_kernels_runtime.py``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "tests/first_fitting_check.py", "80", str(163 * 1024)],
+    run = subprocess.run([sys.executable, "tests/kernels/first_fitting_check.py", "80",
+                          str(163 * 1024)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = json.loads(run.stdout)
@@ -119,7 +120,7 @@ def test_autotuning_off_picks_the_first_entry_that_loads_without_spilling():
 
 
 def test_committed_reports_agree_with_the_autotune_space():
-    code = ("import json; from cemlib.kernels import tied_attention_v2 as v;"
+    code = ("import json; from cemlib.kernels import attention as v;"
             "print(json.dumps({n: {str(w): c for w, c in t.items()} for n, t in "
             "v.GPU_CONFIGS.items()}))")  # in a subprocess: the module imports triton
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -151,10 +152,10 @@ def test_committed_fit_report_for_a_t4():
     """``compile_kernels.py --fit 75``: the whole v2 autotune space compiled for sm_75 (a T4,
     64 KiB of shared memory per block, float16). Every kernel keeps entries that load there, so
     the autotuner has a choice on a T4 and ``CEMLIB_AUTOTUNE=0`` finds one
-    (``tied_attention_v2._first_fitting``); the summary is what the records say, the space is the
+    (``runtime.Tuning.first_fitting``); the summary is what the records say, the space is the
     one committed, and the run came from committed code."""
-    code = ("import json; from cemlib.kernels import tied_attention_v2 as v;"
-            "print(json.dumps({n: v._gpu_configs(n, 64) for n in v.GPU_CONFIGS}))")
+    code = ("import json; from cemlib.kernels import attention as v;"
+            "print(json.dumps({n: v.TUNING.configs(n, 64) for n in v.GPU_CONFIGS}))")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "TRITON_INTERPRET": "0"})
     assert run.returncode == 0, run.stderr[-2000:]

@@ -2,8 +2,9 @@
 
 A GPU session pays for compiling in device minutes: the first H100 run's correctness stage spent
 most of its 191 s compiling, and a first call of the default CEM layer compiles about 150 kernels
-(``NOTES.md`` steps 12 and 20). Triton compiles for a named target anywhere
-(``compile_kernels.py``), and looks a kernel up in its cache by a key made of Triton itself (its
+(``benchmarks/NOTES.md`` steps 12 and 20). Triton compiles for a named target anywhere
+(``benchmarks/compile_kernels.py``), and looks a kernel up in its cache by a key made of Triton
+itself (its
 version, the hashes of its Python sources and of ``libtriton``), the kernel's source and
 specialization, the target and the ``ptxas`` version, the compile options and a few environment
 variables, none of which says on which machine it was compiled. So:
@@ -24,30 +25,31 @@ variables, none of which says on which machine it was compiled. So:
     manifest of what the key depends on into
     ``.triton_warm/triton_sm90.tar.xz`` (ignored by git, carried to the device with ``carry``;
     its manifest, with the kernels and compile seconds per part, also goes to
-    ``results/warm_cache_sm90.json``). The manifest names the kernel code it was built from
+    ``tools/gpu/results/warm_cache_sm90.json``; the last one built is stored in
+    ``benchmarks/results/history/``). The manifest names the kernel code it was built from
     (:func:`kernel_code_hash`: Triton's key holds each kernel's source *and starting line*, so one
-    line more above a kernel makes the archive useless for it; a test checks that the committed
-    manifest matches the code).
+    line more above a kernel makes the archive useless for it: rebuild after any kernel change).
 ``check``
-    whether the archive was built from this checkout's kernel code (exit status 1 if not): run
-    it before carrying the archive to a GPU.
+    whether the archive (or a manifest, ``.json``) was built from this checkout's kernel code:
+    ``"stale": true`` and exit status 1 if not, or if there is no archive; run it before carrying
+    the archive to a GPU.
 ``install``
     unpacks it into this machine's Triton cache (``TRITON_CACHE_DIR``, default
     ``~/.triton/cache``), rewrites each kernel's file list to where it now lies (Triton stores
     absolute paths), and says whether this machine's Triton and ``ptxas`` match the manifest,
     and whether the kernel code does (``kernel_code_matches``). A
     kernel that does not match is simply compiled again on the GPU: the cache can only save
-    time. ``benchmarks/run_gpu.sh`` installs it when it is there, and ``gpu_kernels.py`` records
+    time. ``tools/gpu/run_gpu.sh`` installs it when it is there, and ``gpu_kernels.py`` records
     per stage how many kernels it still compiled (``triton_cache``), which says on the GPU
     whether the carried kernels were found.
 
 Build with the GPU machine's Triton (3.6.0 on the H100 and H200 images, Python 3.12): the key
 holds Triton's own hashes, and ``libtriton`` differs between Python versions. Usage::
 
-    python benchmarks/warm_cache.py build [--quick] [--out FILE] [--manifest FILE]
-    python benchmarks/warm_cache.py check [FILE]     # built from this kernel code? (exit 1: no)
-    python benchmarks/warm_cache.py install [FILE]
-    python benchmarks/warm_cache.py replay --quick   # the quick build's call: kernels compiled
+    python tools/gpu/warm_cache.py build [--quick] [--out FILE] [--manifest FILE]
+    python tools/gpu/warm_cache.py check [FILE]     # built from this kernel code? (exit 1: no)
+    python tools/gpu/warm_cache.py install [FILE]
+    python tools/gpu/warm_cache.py replay --quick   # the quick build's call: kernels compiled
 
 Relies on Triton internals (its cache layout, ``triton_key``, ``get_ptxas_version``), checked on
 Triton 3.6 and 3.9.
@@ -69,7 +71,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ARCHIVE = HERE.parent / ".triton_warm" / "triton_sm90.tar.xz"
+REPOSITORY = HERE.parents[1]
+for _folder in (REPOSITORY, REPOSITORY / "benchmarks", HERE):  # cemlib, the benchmarks, the tools
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+ARCHIVE = REPOSITORY / ".triton_warm" / "triton_sm90.tar.xz"
 ARCH = 90
 KEPT = (".cubin", ".json")  # what loading a cached kernel reads: its binary and metadata
 
@@ -112,8 +118,7 @@ def fingerprint(arch: int = ARCH) -> dict:
 
 
 #: the modules whose ``@triton.jit`` functions the cache holds compiled
-KERNEL_MODULES = ("cemlib.kernels.tied_attention_v2", "cemlib.kernels.tied_attention_triton",
-                  "cemlib.kernels.gated_mlp_triton")
+KERNEL_MODULES = ("cemlib.kernels.attention", "cemlib.kernels.gated_mlp", "cemlib.kernels.dplr")
 
 
 def kernel_code_hash(modules=KERNEL_MODULES) -> str:
@@ -157,8 +162,8 @@ def _compile_calls(quick: bool) -> dict:
     import bench_attention
     import bench_mlp
     import gpu_kernels
+    from cemlib.kernels import attention as attention_kernels
     from cemlib.kernels import reference
-    from cemlib.kernels import tied_attention_v2 as v2
 
     cpu = torch.device("cpu")
     parts = {}
@@ -215,7 +220,7 @@ def _compile_calls(quick: bool) -> dict:
             # 64 rows instead of 8192: a multiple of 16 either way, and the CPU's products small
             (u, V, gamma), dy = bench_mlp.step_inputs(64, Dh, bench_mlp.MULT * Dh,
                                                       torch.bfloat16, cpu)
-            for name, step in bench_mlp.step_methods(False, ("v2", "v1")).items():
+            for name, step in bench_mlp.step_methods(False, ("v2",)).items():
                 def run(step=step):
                     leaves = [t.clone().requires_grad_() for t in (u, V, gamma)]
                     step(*leaves).backward(dy)
@@ -226,7 +231,7 @@ def _compile_calls(quick: bool) -> dict:
     outcomes = {}
     part("CUDA tests", lambda: outcomes.update(cuda_tests()))
     parts["CUDA tests"].update(outcomes)
-    v2._tuned.clear()
+    attention_kernels.TUNING.tuned.clear()
     if errors:
         parts["errors"] = errors
     return parts
@@ -324,8 +329,8 @@ def train_models(t: dict, record, batch: int = TRAIN_BATCH) -> None:
 def campaign_experiments() -> list[str]:
     """The GPU campaign's experiments (both plans, in order) whose models hold CEM layers (the
     attention or the MLP: the ones that call cemlib's kernels)."""
+    from campaign import plan_runs  # tools/gpu/campaign.py
     from cemlib.train import get_config
-    from cemlib.train.campaign import plan_runs
     out = []
     for run in plan_runs():
         model = get_config(run.experiment, run.preset).model
@@ -353,10 +358,14 @@ def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
 
 #: the CUDA test files of ``run_gpu.sh tests`` whose kernels the build compiles
 #: (:func:`cuda_tests`): all but the trainer's, ``test_train_cuda.py``, which trains with
-#: Inductor, and Inductor writes C++ for CPU tensors, not the GPU's kernels
-CUDA_TEST_FILES = ("tests/test_kernels_cuda.py", "tests/test_kernels_triton.py",
-                   "tests/test_kernels_dispatch.py", "tests/test_kernels_torch.py",
-                   "tests/test_no_sync.py", "tests/test_operators.py")
+#: Inductor, and Inductor writes C++ for CPU tensors, not the GPU's kernels; both run the tests
+#: not marked slow (:data:`CUDA_TEST_MARKS`)
+CUDA_TEST_FILES = ("tests/kernels/test_kernels_cuda.py", "tests/kernels/test_kernels_attention.py",
+                   "tests/kernels/test_kernels_gated_mlp.py", "tests/kernels/test_kernels_dplr.py",
+                   "tests/kernels/test_kernels_dispatch.py",
+                   "tests/kernels/test_kernels_attention_torch.py", "tests/test_no_sync.py",
+                   "tests/kernels/test_kernels_runtime.py")
+CUDA_TEST_MARKS = "not slow"
 _CUDA_NO_OPS = ("synchronize", "set_sync_debug_mode", "manual_seed", "manual_seed_all",
                 "reset_peak_memory_stats", "empty_cache")
 
@@ -426,7 +435,7 @@ def cuda_tests() -> dict:
     ``torch.cuda`` for more than :func:`cuda_on_the_cpu` answers stops there, and its kernels
     compile on the GPU. Returns pytest's counts."""
     import pytest
-    from cemlib.kernels import tied_attention_v2 as v2
+    from cemlib.kernels import attention
 
     class Counts:
         def __init__(self):
@@ -436,15 +445,15 @@ def cuda_tests() -> dict:
             if report.when == "call" or report.outcome != "passed":
                 self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
 
-    counts, autotune = Counts(), v2.AUTOTUNE
-    v2.AUTOTUNE = False
+    counts, autotune = Counts(), attention.TUNING.autotune
+    attention.TUNING.autotune = False
     try:
         with _as_on_a_gpu(), cuda_on_the_cpu():
-            pytest.main([*(str(HERE.parent / f) for f in CUDA_TEST_FILES), "-q", "-rN", "--tb=no",
-                         "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore"],
-                        plugins=[counts])
+            pytest.main([*(str(REPOSITORY / f) for f in CUDA_TEST_FILES), "-m", CUDA_TEST_MARKS,
+                         "-q", "-rN", "--tb=no", "-p", "no:cacheprovider", "-o", "addopts=",
+                         "-W", "ignore"], plugins=[counts])
     finally:
-        v2.AUTOTUNE = autotune
+        attention.TUNING.autotune = autotune
     return {"tests": counts.outcomes}
 
 
@@ -536,14 +545,28 @@ def _code_matches(manifest: dict) -> bool | None:
 
 
 def check(archive: Path) -> dict:
-    """Whether ``archive`` holds the kernels of this checkout's code (before carrying it to a GPU):
-    its manifest's ``kernel_code_hash`` against this code's; exit status 1 where it does not."""
-    with tarfile.open(archive, "r:xz") as tar:
-        manifest = json.load(tar.extractfile("manifest.json"))
-    report = {"archive": str(archive.name), "built_at": manifest.get("env", {}).get("git_commit"),
-              "kernel_code_hash": manifest.get("kernel_code_hash"), "here": kernel_code_hash(),
-              "kernel_code_matches": _code_matches(manifest)}
+    """Whether ``archive`` (or a manifest: a ``.json`` file) holds the kernels of this checkout's
+    code (before carrying it to a GPU): its manifest's ``kernel_code_hash`` against this code's.
+    ``stale`` where it does not, or where there is no archive: the cache must be rebuilt
+    (``build``) before the next GPU call."""
+    if not archive.exists():
+        report = {"archive": str(archive.name), "exists": False, "here": kernel_code_hash(),
+                  "kernel_code_matches": None, "stale": True}
+    else:
+        if archive.suffix == ".json":
+            manifest = json.loads(archive.read_text())
+        else:
+            with tarfile.open(archive, "r:xz") as tar:
+                manifest = json.load(tar.extractfile("manifest.json"))
+        matches = _code_matches(manifest)
+        report = {"archive": str(archive.name), "exists": True,
+                  "built_at": manifest.get("env", {}).get("git_commit"),
+                  "kernel_code_hash": manifest.get("kernel_code_hash"), "here": kernel_code_hash(),
+                  "kernel_code_matches": matches, "stale": not matches}
     print(json.dumps(report))
+    if report["stale"]:
+        print("warm Triton cache: stale (built from other kernel code, or missing): rebuild it "
+              "with tools/gpu/warm_cache.py build before the next GPU call", file=sys.stderr)
     return report
 
 
@@ -566,21 +589,21 @@ def main(argv=None):
     b.add_argument("--quick", action="store_true", help="one small call (3 kernels): a check")
     b.add_argument("--out", type=Path, default=ARCHIVE)
     b.add_argument("--manifest", type=Path, default=None,
-                   help="also write the manifest here (default: results/warm_cache_sm90.json, "
-                        "none with --quick)")
+                   help="also write the manifest here (default: "
+                        "tools/gpu/results/warm_cache_sm90.json, none with --quick)")
     i = sub.add_parser("install", help="unpack into this machine's Triton cache")
     i.add_argument("archive", type=Path, nargs="?", default=ARCHIVE)
     r = sub.add_parser("replay", help="the build's calls again: how many kernels still compile")
     r.add_argument("--quick", action="store_true")
-    c = sub.add_parser("check", help="whether the archive was built from this kernel code")
+    c = sub.add_parser("check", help="whether the archive (or a manifest .json) was built from "
+                                     "this kernel code")
     c.add_argument("archive", type=Path, nargs="?", default=ARCHIVE)
     args = p.parse_args(argv)
     if args.command == "install":
         return install(args.archive)
     if args.command == "check":
         report = check(args.archive)
-        sys.exit(0 if report["kernel_code_matches"] else 1)
-    sys.path.insert(0, str(HERE))
+        sys.exit(1 if report["stale"] else 0)
     if args.command == "replay":
         return replay(args.quick)
     manifest = args.manifest or (None if args.quick else HERE / "results" / "warm_cache_sm90.json")
@@ -592,5 +615,4 @@ if __name__ == "__main__":
         os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels, never the interpreter
         if sys.argv[1] == "build" and "TRITON_CACHE_DIR" not in os.environ:
             os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="cemlib_triton_warm_")
-    sys.path.insert(0, str(HERE.parent))
     main()

@@ -1,93 +1,31 @@
-"""Tied causal attention (K = V), version 2: FlashAttention-2 structure, work per score element cut.
+"""Tied causal attention (K = V) in Triton: kernels, launcher, autograd and compiled-path operators.
 
-Computes exactly :func:`cemlib.kernels.reference.tied_attention` (CEM [arXiv] eq. 3 = [ICLR]
-eq. 2 with the Appendix B biases; the contract and formulas are in that module), for a call with a
-head width up to 128 and no extra query/key pair, or with the head-shared pair of the default CEM
-layer (CEM eq. 12's diagonal, ``q_extra`` of shape (B, L, D_e)) and head-summed extra values.
-Per-head extra pairs, per-head extra values and wider heads are served by the first version
-(:mod:`cemlib.kernels.tied_attention_triton`; :func:`covers` says which calls this module takes).
+Computes :func:`cemlib.kernels.reference.tied_attention`, the CEM interaction-energy step (CEM
+[arXiv] eq. 3 = [ICLR] eq. 2 with the Appendix B biases, and eq. 12's diagonal as a head-shared
+extra query/key pair with head-summed values): :func:`tied_attention` returns ``(o, lse[,
+o_extra])`` with the reference's arguments, for the calls :func:`cemlib.kernels.runtime.attention_covers`
+accepts (head width up to 128; no extra pair, or a head-shared one); the dispatcher sends every
+other call to the PyTorch path.
 
-What changed against the first version, and why (``benchmarks/NOTES.md`` has the measurements):
-at the shapes that matter (head width 64) the time of the loops is set by the non-matrix
-instructions per score element, not by bytes or FLOPs, so every element-wise operation that can
-move out of the loops does.
-
-- **Log-2 domain.** ``exp2`` with ``c = log2(e) / tau`` folded into the product scale:
-  ``s2_ij = c q_i.kv_j + ...`` and ``p_ij = exp2(s2_ij - r_i)``, one FFMA and one MUFU.EX2.
-- **Biases as vectors.** ``-m (i - j)`` splits into a column vector ``m j`` (one add per element)
-  and a row term ``-m i`` that cancels in the softmax and only enters the log-sum-exp; ``b_cross``
-  is constant on every off-diagonal element of a row, so it moves into the log-sum-exp too and the
-  diagonal gets ``b_self - b_cross``. Row and column terms are taken relative to the tile row
-  where the loop starts, so that they stay small (exact enough) at any length.
-- **Band split.** The key loop runs in two parts: tiles wholly below the diagonal (no mask, no
-  diagonal bias, no bounds checks on keys) and the diagonal band (causal mask, self bias).
-- **Tied tile.** One ``kv`` tile, loaded once, is the key (``q kv^T``) and the value (``p kv``)
-  in the forward, and in the backward the key of ``q kv^T``, the value of ``do kv^T`` and the
-  right factor of ``dq``; its gradient ``d kv = P^T do + scale dS^T q`` (value role plus key
-  role) accumulates in **one** register tile.
-- **One backward launch** (the Triton fused-attention tutorial's structure): program ``n`` owns
-  key block ``n`` (``d kv``, looping over query blocks) and query block ``n`` (``dq``, looping
-  over key blocks); under causality every program does the same work. A small preprocess kernel
-  before it computes ``Delta_i = o_i.do_i - dlse_i`` (``dS = P (dP - Delta)``), scaled by
-  ``1/tau``, from the output as stored (FlashAttention-2's choice: in bf16 on a GPU).
-- **Bias gradients from the probabilities.** The self and cross bias gradients follow from the
-  diagonal score gradients ``dS_ii = P_ii (dP_ii - Delta_i)`` (``sum_j dS_ij = dlse_i``: the
-  cross gradient is ``sum dlse - sum dS_ii``). They sum one term per row and batch, so the
-  rounding of the stored ``o`` in ``Delta_i`` adds up in them (``benchmarks/NOTES.md``, step 26);
-  the ``dq`` walk, which computes every ``P_ij`` and ``dP_ij`` of its rows anyway, sums
-  ``Delta_i = sum_j P_ij dP_ij - dlse_i`` in float32 as it goes (one multiply-add per element),
-  takes ``P_ii`` and ``dP_ii`` on the band, and writes ``dS_ii``; after it the rows of each head
-  are folded in a fixed order (deterministic, no atomics) by a small kernel of their own, or, in
-  the default layer's call, by the launch of the extra pair's gradients that follows anyway.
-  ``dq`` and ``d kv`` keep the preprocess kernel's ``Delta`` (one row each, as
-  FlashAttention-2). Optionally (``atomic_dq``, off by default: :func:`atomic_dq_enabled`) the
-  ``dq`` walk is skipped and the ``d kv`` walk adds each tile's share of ``dq`` to a float32
-  buffer with atomic adds, as FlashAttention-2 does: 5 matrix products per score element instead
-  of 7 and one exponential pass instead of two, at the price of a ``dq`` whose rounding depends
-  on the order of the adds; there the preprocess kernel computes ``dS_ii`` from its ``Delta``
-  and program 0 of each head of the backward kernel folds them (no launch more).
-- No ALiBi-slope gradient unless the slopes require grad (every cemlib layer keeps them in a
-  buffer); when they do, the ``dq`` loop adds ``sum_j dS_ij (i - j)`` per row.
-- Autotuned on the GPU over tiles, warps and stages (:data:`GPU_CONFIGS`, every entry compiles
-  for sm_90 without spilling registers: ``benchmarks/compile_kernels.py``); one small
-  configuration under the interpreter (:data:`INTERPRETER_CONFIGS`).
-
-The shared extra pair ("logits" path, as in the first version): its logits
-``E = (log2(e)/tau) q_e k_e^T`` are the same for every head, one (B, L, L) GEMM that the kernels
-add tile by tile, and the head-summed extra values ``(sum_k P_k) k_e = A k_e`` a second one
-(``A`` from :func:`_headsum_kernel`). In the backward ``dA = do_e k_e^T`` enters every head's
-``dP`` and, through a row pass in the preprocess kernel, its ``Delta``; the head sum
-``G = (1/tau) sum_k dS_k`` is a second :func:`_headsum_kernel` pass, and one
-:func:`_extra_grads_kernel` launch computes ``dq_e = G k_e`` and ``dk_e = G^T q_e + A^T do_e``,
-skipping the zero triangle of ``G`` and ``A``. ``E`` and ``A`` are kept for the backward
-(O(B L^2) memory; the reference keeps O(B K L^2)).
-
-Inputs may be strided views (the layers' head split ``(B, L, K, D) -> (B, K, L, D)``) as long as
-the head dimension is contiguous; outputs ``o``, ``dq``, ``d kv`` are laid out like ``q``, so that
-the layers' head merge is a view. Launches per forward+backward: 3 without the extra pair (4 with
-self or cross bias gradients: the fold), 9 with the default CEM layer's shared diagonal
-(``tests/test_kernels_v2.py`` counts them).
-
-Entry point: :func:`tied_attention`, with the reference's arguments (the dispatcher validates them
-and calls it on CUDA for fp16/bf16, and for any dtype with the ``"triton"`` backend). In eager mode
-one ``torch.autograd.Function``; while compiling (``torch.compile``), two opaque ``torch.library``
-operators (no graph break, no tracing into Triton), registered directly (:mod:`.operators`),
-joined by an ``autograd.Function`` that dynamo traces into the graph. First order only
-(``once_differentiable``): a second derivative needs ``use_backend("reference")``.
-The autotuner times every configuration at the first call of each power-of-two bucket of the
-sequence length (not at every new length), for ``CEMLIB_AUTOTUNE_REP_MS`` (default 25) each.
-``CEMLIB_AUTOTUNE=0`` (read at import) launches, instead of autotuning, the first configuration of
-each kernel's space that the GPU can run without spilling registers (the H100's default on an
-H100; on another GPU the first that loads there and does not spill, else the first that loads);
-:func:`use_configs` forces configurations.
+Structure (FlashAttention-2, as Triton's fused-attention tutorial): the forward (``_fwd_kernel``)
+runs an online softmax in base 2 over key tiles, the ``kv`` tile serving as key and value; the
+backward is a preprocessing kernel (``_pre_kernel``: row terms ``Delta_i``) and one kernel
+(``_bwd_kernel``) whose program ``n`` accumulates ``d kv`` of key block ``n`` (value and key role in
+one register tile) and then ``dq`` of query block ``n``; ``_fold_kernel`` sums the self/cross bias
+gradients per head. The shared extra pair enters as precomputed logits ``E = (log2 e / tau) q_e
+k_e^T`` (B, L, L), with the head sums ``A = sum_k P_k`` and ``G = (1/tau) sum_k dS_k``
+(``_headsum_kernel``) and their products with ``q_e``, ``k_e`` (``_extra_grads_kernel``). Biases
+enter as row and column vectors, masks only on the diagonal band. First order only. The design,
+its predictions and measurements are in ``benchmarks/NOTES.md``; the launch configurations are
+data, ``attention_configs.json`` (:class:`cemlib.kernels.runtime.Tuning`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -96,25 +34,14 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from cemlib.kernels import direct_launch, operators  # operators: the compiled path's
-from cemlib.kernels.ops import _on_device  # Triton launches on the current CUDA device
-from cemlib.kernels.paths import v2_covers
+from cemlib.kernels import runtime
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-AUTOTUNE = os.environ.get("CEMLIB_AUTOTUNE", "1") != "0"
-#: compile an autotune space's configurations in parallel threads before the autotuner times them
-#: (``CEMLIB_PARALLEL_COMPILE=0``: one after another, inside the autotuner, as Triton does)
-PARALLEL_COMPILE = os.environ.get("CEMLIB_PARALLEL_COMPILE", "1") != "0"
-#: milliseconds of repetitions with which the autotuner times each configuration (and a fifth of
-#: that of warm-up): Triton's default, 100 (and 25), spends about 3 s per kernel and kind of call
-#: on a space of 26 configurations, 15-20 s at the first call of the default layer; a kernel of
-#: these shapes runs 0.02-1 ms, so 25 ms still takes the median of 25-1000 runs
-#: (``CEMLIB_AUTOTUNE_REP_MS``)
-AUTOTUNE_REP_MS = float(os.environ.get("CEMLIB_AUTOTUNE_REP_MS", "25"))
+INTERPRET = runtime.interpreting()  # read as the kernels below are decorated
 _atomic_dq = [os.environ.get("CEMLIB_ATOMIC_DQ", "0") == "1"]
 
 __all__ = ["tied_attention", "covers", "forward", "backward", "GPU_CONFIGS",
-           "INTERPRETER_CONFIGS", "use_configs", "use_atomic_dq", "atomic_dq_enabled", "INTERPRET"]
+           "INTERPRETER_CONFIGS", "TUNING", "use_configs", "use_atomic_dq", "atomic_dq_enabled",
+           "INTERPRET"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -747,216 +674,6 @@ def _extra_grads_kernel(G, A, QE, KE, DOE, DQE, DKE, L, DE, sqb, sql, skb, skl, 
 ROW_PAD = 128  # padding of the backward's row vectors: the longest query tile
 
 
-def _cfg(num_warps=4, num_stages=2, **blocks):
-    return dict(blocks, num_warps=num_warps, num_stages=num_stages)
-
-
-# One configuration per kernel under the interpreter (or any CPU launch): small tiles, and
-# different query and key tile sizes so that the band logic is exercised with unequal tiles.
-INTERPRETER_CONFIGS = {
-    "fwd": dict(BLOCK_M=32, BLOCK_N=16),
-    "pre": dict(BLOCK_M=16, BLOCK_N=16),
-    "bwd": dict(BLOCK_M1=16, BLOCK_N1=32, BLOCK_N2=16),
-    "headsum": dict(BLOCK_M=16, BLOCK_N=16),
-    "extra_grads": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16),
-}
-
-# The autotune space on a GPU, per kernel and padded head width (BLOCK_D; 0: any), _cfg(num_warps,
-# num_stages, tiles). The spill-free part of the candidates of benchmarks/compile_kernels.py
-# (`candidates`), compiled for sm_90 in bf16 in the variant that holds the most values in
-# registers (the default layer's call): results/compile_kernels_sweep.json, in its order. The first
-# entry, the one with the fewest non-MMA instructions per score element, is the default (used with
-# CEMLIB_AUTOTUNE=0, and the one the compile report counts); tests/test_kernels_compile.py checks
-# that this table is the committed sweep's. "bwd_atomic" is the backward kernel specialised for
-# the atomic-dq accumulation (no dq walk: BLOCK_N2 unused), swept in the same call with atomic dq.
-GPU_CONFIGS: dict[str, dict[int, list[dict]]] = {
-    "fwd": {
-        64: [
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=128), _cfg(4, 3, BLOCK_M=64, BLOCK_N=128),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128), _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
-            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64), _cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
-            _cfg(4, 3, BLOCK_M=128, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
-        ],
-        128: [
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
-            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
-        ],
-    },
-    "pre": {
-        64: [
-            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 3, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=128), _cfg(4, 2, BLOCK_M=128, BLOCK_N=32),
-            _cfg(4, 3, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(4, 2, BLOCK_M=32, BLOCK_N=32), _cfg(4, 3, BLOCK_M=32, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=32, BLOCK_N=32), _cfg(8, 3, BLOCK_M=32, BLOCK_N=32),
-            _cfg(4, 2, BLOCK_M=32, BLOCK_N=64), _cfg(4, 3, BLOCK_M=32, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=32, BLOCK_N=64), _cfg(8, 3, BLOCK_M=32, BLOCK_N=64),
-            _cfg(4, 2, BLOCK_M=32, BLOCK_N=128), _cfg(4, 3, BLOCK_M=32, BLOCK_N=128),
-        ],
-        128: [
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=64, BLOCK_N=128),
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=32),
-            _cfg(4, 2, BLOCK_M=32, BLOCK_N=32), _cfg(4, 3, BLOCK_M=32, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=32, BLOCK_N=32), _cfg(8, 3, BLOCK_M=32, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=32, BLOCK_N=128), _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
-        ],
-    },
-    "bwd": {
-        64: [
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=64),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
-            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=64),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=64),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=64),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=64),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-        ],
-        128: [
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=32),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=32),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-        ],
-    },
-    "bwd_atomic": {
-        64: [
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=64, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(4, 3, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 3, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 3, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=64, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-        ],
-        128: [
-            _cfg(8, 2, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=32, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(4, 3, BLOCK_M1=32, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=16, BLOCK_N1=128, BLOCK_N2=16),
-            _cfg(4, 3, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 2, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-            _cfg(8, 3, BLOCK_M1=16, BLOCK_N1=64, BLOCK_N2=16),
-        ],
-    },
-    "headsum": {
-        64: [
-            _cfg(4, 2, BLOCK_M=128, BLOCK_N=32), _cfg(8, 3, BLOCK_M=64, BLOCK_N=128),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=128), _cfg(8, 2, BLOCK_M=128, BLOCK_N=64),
-            _cfg(4, 2, BLOCK_M=64, BLOCK_N=64), _cfg(8, 2, BLOCK_M=64, BLOCK_N=64),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64), _cfg(8, 3, BLOCK_M=128, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=128, BLOCK_N=32), _cfg(4, 3, BLOCK_M=64, BLOCK_N=32),
-            _cfg(4, 2, BLOCK_M=64, BLOCK_N=32), _cfg(8, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
-            _cfg(4, 3, BLOCK_M=32, BLOCK_N=32), _cfg(8, 2, BLOCK_M=32, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=32, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
-            _cfg(4, 3, BLOCK_M=32, BLOCK_N=64), _cfg(8, 2, BLOCK_M=32, BLOCK_N=64),
-            _cfg(8, 3, BLOCK_M=32, BLOCK_N=64), _cfg(8, 2, BLOCK_M=32, BLOCK_N=128),
-            _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
-        ],
-        128: [
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=64), _cfg(4, 2, BLOCK_M=64, BLOCK_N=32),
-            _cfg(8, 2, BLOCK_M=64, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=32),
-            _cfg(4, 3, BLOCK_M=32, BLOCK_N=32), _cfg(8, 2, BLOCK_M=32, BLOCK_N=32),
-            _cfg(8, 3, BLOCK_M=32, BLOCK_N=32), _cfg(4, 2, BLOCK_M=32, BLOCK_N=64),
-            _cfg(8, 2, BLOCK_M=32, BLOCK_N=64), _cfg(8, 3, BLOCK_M=32, BLOCK_N=64),
-            _cfg(8, 3, BLOCK_M=32, BLOCK_N=128),
-        ],
-    },
-    "extra_grads": {
-        0: [
-            _cfg(4, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
-            _cfg(4, 4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
-            _cfg(8, 4, BLOCK_M=128, BLOCK_N=128, BLOCK_K=32),
-            _cfg(4, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
-            _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
-            _cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
-            _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
-            _cfg(8, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=32),
-            _cfg(4, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
-            _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
-            _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
-            _cfg(4, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
-            _cfg(8, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=32),
-            _cfg(8, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
-            _cfg(8, 3, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64),
-            _cfg(4, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
-            _cfg(4, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
-            _cfg(8, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64),
-            _cfg(8, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
-            _cfg(8, 4, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
-            _cfg(8, 3, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64),
-        ],
-    },
-}
-
-
 def _check_pad(name: str, cfg: dict) -> None:
     """The backward's row vectors are padded by ROW_PAD rows: no query tile may be longer."""
     tiles = [v for k, v in cfg.items() if k.startswith("BLOCK")]
@@ -964,39 +681,28 @@ def _check_pad(name: str, cfg: dict) -> None:
         raise ValueError(f"{name} tiles longer than ROW_PAD = {ROW_PAD}: {cfg}")
 
 
-def _gpu_configs(name: str, block_d: int) -> list[dict]:
-    table = GPU_CONFIGS[name]
-    width = min((w for w in table if w >= block_d), default=max(table))
-    return table[width]
-
-
-_override: dict[str, dict] = {}
-_tuners: dict = {}
-
-
-@contextlib.contextmanager
-def use_configs(**configs):
-    """Run the named kernels (``fwd``, ``pre``, ``bwd``, ``headsum``, ``extra_grads``) with the
-    given meta-parameters (tile sizes, and on a GPU ``num_warps``/``num_stages``) instead of the
-    interpreter's or the autotuned ones: ``with use_configs(fwd=dict(BLOCK_M=16, BLOCK_N=32)):``."""
-    for name, cfg in configs.items():
-        if name not in INTERPRETER_CONFIGS:
-            raise ValueError(f"unknown kernel {name!r}; one of {sorted(INTERPRETER_CONFIGS)}")
-        _check_pad(name, cfg)
-    previous = dict(_override)
-    _override.update(configs)
-    try:
-        yield
-    finally:
-        _override.clear()
-        _override.update(previous)
+#: the kernels' launch configurations (``attention_configs.json``): one per kernel under the
+#: interpreter (unequal query and key tiles, so that the band logic runs with both orders), and
+#: on a GPU an autotune space per kernel and padded head width; "bwd_atomic" is the backward
+#: specialised for the atomic-dq accumulation (no dq walk: BLOCK_N2 unused)
+TUNING = runtime.Tuning(
+    Path(__file__).with_name("attention_configs.json"), interpret=INTERPRET, validate=_check_pad,
+    tune_keys=("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_DPB", "HAS_DLSE",
+               "SELF_GRAD", "CROSS_GRAD", "SLOPE_GRAD", "BIAS_GRAD", "GRAD", "HAS_A", "DE",
+               "ATOMIC_DQ", "ZERO_DQ"),
+    # the atomic-dq backward accumulates into DQA: zeroed before every timed run (in the walk
+    # variant DQA is dq itself, overwritten anyway)
+    reset_to_zero={"bwd": ["DQA"]})
+GPU_CONFIGS = TUNING.gpu
+INTERPRETER_CONFIGS = TUNING.interpreter
+use_configs = TUNING.use
 
 
 def atomic_dq_enabled() -> bool:
     """Whether the backward accumulates ``dq`` with atomic adds in the ``d kv`` walk (5 matrix
     products and one exponential pass per score element, as FlashAttention-2) instead of a
-    second walk over key tiles (7 products, two passes; deterministic). Off by default until a
-    GPU measurement says where it pays; ``CEMLIB_ATOMIC_DQ=1`` (read at import) or
+    second walk over key tiles (7 products, two passes; deterministic). Off by default (no faster
+    on the H100: ``benchmarks/RESULTS_H100.md``); ``CEMLIB_ATOMIC_DQ=1`` (read at import) or
     :func:`use_atomic_dq` turns it on. Calls that need the ALiBi-slope gradient always walk."""
     return _atomic_dq[0]
 
@@ -1012,227 +718,11 @@ def use_atomic_dq(enabled: bool = True):
         _atomic_dq[0] = previous
 
 
-_TUNE_KEYS = ("L", "D", "HAS_ALIBI", "HAS_SELF", "HAS_CROSS", "HAS_BIAS", "HAS_DPB", "HAS_DLSE",
-              "SELF_GRAD", "CROSS_GRAD", "SLOPE_GRAD", "BIAS_GRAD", "GRAD", "HAS_A", "DE",
-              "ATOMIC_DQ", "ZERO_DQ")
-
-
-def _select(name: str, device: torch.device, block_d: int, table: str):
-    """The configuration to launch with, or ``None`` on a GPU (the autotuner, or with autotuning
-    off :func:`_first_fitting`); ``name`` the kernel's name for :func:`use_configs` and the
-    interpreter, ``table`` its entry of :data:`GPU_CONFIGS`."""
-    if name in _override:
-        return dict(_override[name])
-    if INTERPRET or device.type != "cuda":
-        return dict(INTERPRETER_CONFIGS[name])
-    return None
-
-
-def _length_bucket(L: int) -> int:
-    """The power of two at or above ``L`` (at least 16): lengths in one bucket share one
-    autotuned configuration."""
-    return max(16, 1 << (max(int(L), 1) - 1).bit_length())
-
-
-# (space, padded head width, device) -> index of the configuration launched without autotuning
-_fitting: dict = {}
-
-
-def _spills(kernel, grid, args, kw) -> int:
-    """Compile ``kernel`` for this launch and load it on the current GPU without launching it:
-    the registers it spills (``OutOfResources`` where it does not load: too much shared memory
-    per block)."""
-    compiled = kernel.warmup(*args, grid=grid, **kw)
-    if hasattr(compiled, "result"):  # compiled in parallel earlier: Triton keeps the future
-        compiled = compiled.result()
-    compiled._init_handles()
-    return compiled.n_spills
-
-
-def _first_fitting(kernel, grid, args, meta, table, block_d, device):
-    """Launch with the first configuration of :data:`GPU_CONFIGS` [``table``] that ``device``
-    runs well (chosen once per space, width and device, before the first launch): the space is
-    ordered and pruned for the H100, whose entries all load there without spilling. Another GPU
-    may refuse an entry at load time (``OutOfResources``: a T4 has 64 KiB of shared memory per
-    block, a consumer GPU 99 KiB, the H100 227) or spill it to local memory (its compiler
-    allocates registers differently: ``results/compile_kernels.json`` finds the default forward
-    and backward spilling for sm_80, the A100). Each entry is compiled and loaded without a
-    launch until one loads without spilling; where none does, the first that loads runs. Costs
-    one compilation per entry tried, once (Triton caches them on disk)."""
-    key = (table, block_d, device)
-    configs = _gpu_configs(table, block_d)
-    index = _fitting.get(key)
-    if index is None:
-        error = None
-        for i, cfg in enumerate(configs):
-            try:
-                spills = _spills(kernel, grid(cfg), args, {**meta, **cfg})
-            except triton.runtime.errors.OutOfResources as e:
-                error = error or e
-                continue
-            if index is None:
-                index = i  # the first that loads: the fallback
-            if spills == 0:
-                index = i
-                break
-        if index is None:
-            raise error
-        _fitting[key] = index
-    cfg = dict(configs[index])
-    direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, True)
-
-
-def _launch(name, kernel, grid, args, meta, block_d, device, length, table=None):
-    """Launch ``kernel`` (grid: a function of the meta-parameters) with the selected
-    configuration, or through a cached ``triton.autotune`` over :data:`GPU_CONFIGS` [``table``]
-    (default ``name``; the atomic-dq backward has its own space, ``"bwd_atomic"``); ``length``
-    the sequence length of the call.
-
-    Autotuned launches consult the autotuner once per call signature (:func:`_tuned_key`) and
-    then launch the kernel with the configuration it chose: Triton's ``Autotuner.run`` rebuilds
-    its key from every argument at every call (about as long as the launch itself on the host,
-    ``benchmarks/host_overhead.py``), which at T <= 1024 is time the GPU waits for. The choice
-    is kept per power-of-two bucket of the length (:func:`_length_bucket`): the autotuner keys
-    on the exact length and would time every configuration again for each new one (generation
-    and evaluation at varying lengths: tens of configurations per kernel, each timed for
-    :data:`AUTOTUNE_REP_MS`). On CUDA the launch itself skips Triton's per-call specialization
-    (:mod:`cemlib.kernels.direct_launch`)."""
-    table = table or name
-    cfg = _select(name, device, block_d, table)
-    cuda = device.type == "cuda" and not INTERPRET
-    if cfg is not None:
-        direct_launch.launch(kernel, grid(cfg), args, {**meta, **cfg}, cuda)
-        return
-    if not AUTOTUNE:
-        _first_fitting(kernel, grid, args, meta, table, block_d, device)
-        return
-    key = _tuned_key(table, block_d, device, args, meta)
-    entry = _tuned.get(key)
-    if entry is None:
-        if len(_tuned) >= direct_launch.MAX_ENTRIES:  # e.g. generation, one length after another
-            _tuned.clear()  # (the choices stay in _choices: starting over re-tunes nothing)
-        choice = (table, block_d, device, _length_bucket(length), *meta.items(),
-                  *(a.dtype for a in args if isinstance(a, Tensor)))
-        best = _choices.get(choice)
-        if best is None:
-            tuner = _tuner(name, kernel, table, block_d)
-            if cuda:
-                _precompile(kernel, grid, args, meta, tuner.configs)
-            tuner[grid](*args, **meta)
-            _choices[choice] = best = dict(tuner.best_config.all_kwargs())
-            _tuned[key] = [best, None]
-            return
-        entry = _tuned[key] = [best, None]
-    best, bound = entry
-    if bound is not None and direct_launch.enabled():
-        direct_launch.run_bound(bound, grid(best), args)
-        return
-    # Triton's launch path; the compiled kernel it returns is kept, bound to ``kw``, for the next
-    # launches of this key
-    kw = {**meta, **best}
-    compiled = kernel[grid(best)](*args, **kw)
-    if cuda and direct_launch.enabled() and not kernel.pre_run_hooks:
-        entry[1] = direct_launch.bind(compiled, kernel, args, kw)
-
-
-def _precompile(kernel, grid, args, meta, configs: list) -> None:
-    """Compile ``kernel`` for every configuration of its autotune space at once, in threads
-    (Triton's ``AsyncCompileMode``: most of a compilation, MLIR, LLVM and ``ptxas``, runs
-    without the GIL), so that the autotuner, which compiles them one after another before timing
-    each, finds them compiled. The first call of a kind of call compiles 19-30 configurations per
-    kernel; on the host's cores at once this takes a fraction of the time (``NOTES.md``, step
-    12). A configuration that fails to compile is left to the autotuner, which meets the same
-    error and handles it as it always does. Off with ``CEMLIB_PARALLEL_COMPILE=0``, where the
-    host has one core, and with a Triton older than 3.4 (no ``AsyncCompileMode``)."""
-    workers = min(len(configs), os.cpu_count() or 1, 16)
-    if not PARALLEL_COMPILE or workers < 2:
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    try:
-        from triton.runtime._async_compile import AsyncCompileMode, active_mode  # Triton >= 3.4
-    except ImportError:
-        return
-    if active_mode.get() is not None:  # inside someone else's asynchronous compilation
-        return
-    with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
-        for config in configs:  # the autotuner's triton.Config objects
-            kw = config.all_kwargs()  # exactly what its launch passes: the same cache key
-            try:
-                kernel.warmup(*args, grid=grid(kw), **meta, **kw)
-            except Exception:  # noqa: BLE001 - the autotuner meets it again, and reports it
-                pass
-
-
-# _tuned_key -> [the autotuner's configuration (kwargs, num_warps, num_stages), the kernel Triton
-# compiled for it bound to its keyword arguments (direct_launch.Bound; None until launched once
-# with it, and off CUDA or with direct launches off)]
-_tuned: dict = {}
-# (space, padded head width, device, length bucket, meta-parameters, dtypes) -> the autotuner's
-# configuration
-_choices: dict = {}
-
-
-def _tuned_key(table, block_d, device, args, meta) -> tuple:
-    """What the autotuner's choice and Triton's specialization for a launch may depend on, at
-    least as fine as either: the space, the padded head width, the device, every meta-parameter,
-    every non-tensor argument (sizes, strides, scales) by value and every tensor by dtype and
-    address modulo 16 (:func:`cemlib.kernels.direct_launch.specialization_key`; the autotuner's
-    own key is the :data:`_TUNE_KEYS` values and the dtypes). A finer key only costs an extra
-    (cached) consultation of the autotuner."""
-    return (table, block_d, device, *meta.values(), *direct_launch.specialization_key(args))
-
-
-def _tuner(name, kernel, table, block_d):
-    """The ``triton.autotune`` of ``kernel`` over :data:`GPU_CONFIGS` [``table``], built once."""
-    key = (table, block_d)
-    if key not in _tuners:
-        configs = []
-        for c in _gpu_configs(table, block_d):
-            c = dict(c)
-            warps, stages = c.pop("num_warps"), c.pop("num_stages")
-            configs.append(triton.Config(c, num_warps=warps, num_stages=stages))
-        names = kernel.arg_names
-        # the atomic-dq backward accumulates into DQA: zeroed before every timed run and before
-        # the run that counts (in the walk variant DQA is dq itself, overwritten anyway)
-        reset = ["DQA"] if name == "bwd" else None
-        _tuners[key] = triton.autotune(configs, key=[k for k in _TUNE_KEYS if k in names],
-                                       reset_to_zero=reset, **_bench_option())(kernel)
-    return _tuners[key]
-
-
-def _timed(kernel_call, quantiles):
-    """The autotuner's timing of one configuration: ``triton.testing.do_bench`` with
-    :data:`AUTOTUNE_REP_MS` of repetitions (Triton clears the L2 cache before each)."""
-    return triton.testing.do_bench(kernel_call, warmup=max(1.0, AUTOTUNE_REP_MS / 5),
-                                   rep=AUTOTUNE_REP_MS, quantiles=quantiles)
-
-
-def _bench_option() -> dict:
-    """``triton.autotune``'s keyword for :func:`_timed`: ``do_bench`` where this Triton takes
-    one (3.6 and 3.9 do), else its older ``warmup``/``rep``."""
-    if "do_bench" in inspect.signature(triton.autotune).parameters:
-        return {"do_bench": _timed}
-    return {"warmup": max(1, round(AUTOTUNE_REP_MS / 5)), "rep": max(1, round(AUTOTUNE_REP_MS))}
-
-
 # ------------------------------------------------------------------------------------ host code
 
 def covers(q, q_extra, extra_values: bool, extra_head_sum: bool) -> bool:
-    """Whether this module computes the call (:func:`cemlib.kernels.paths.v2_covers`): head
-    width at most 128, and no extra pair or a head-shared one (B, L, D_e) without extra values
-    or with head-summed ones."""
-    return v2_covers(q, q_extra, extra_values, extra_head_sum)
-
-
-def _check_interpreter_dtype(t: Tensor) -> None:
-    """The Triton interpreter silently computes garbage in bfloat16; refuse it."""
-    if INTERPRET and t.dtype == torch.bfloat16:
-        raise TypeError("bfloat16 is not supported under TRITON_INTERPRET=1 (the interpreter "
-                        "silently mis-computes it); use float16 or float32 on CPU")
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    """Whether this module computes the call (:func:`cemlib.kernels.runtime.attention_covers`)."""
+    return runtime.attention_covers(q, q_extra, extra_values, extra_head_sum)
 
 
 def _unit_rows(t: Tensor) -> Tensor:
@@ -1252,17 +742,20 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # (triton.cdiv is a constexpr function: ten times slower on the host)
 
 
+def _tl_acc(acc: torch.dtype):
+    return tl.float64 if acc == torch.float64 else tl.float32
+
+
 @functools.lru_cache(maxsize=None)
 def _call_constants(D: int, dtype: torch.dtype, has_alibi: bool, has_self: bool,
                     has_cross: bool, extra: bool):
     """``(block_d, acc dtype, flags)`` of a call: the meta-parameters every kernel of it shares
-    (computed once per kind of call: the host time of a launch is what the GPU waits for at
-    T <= 1024)."""
+    (computed once per kind of call: host time is what the GPU waits for at T <= 1024)."""
     block_d = max(16, 1 << (D - 1).bit_length())
-    acc = _acc_dtype(dtype)
+    acc = runtime.acc_dtype(dtype)
     flags = dict(D=D, HAS_ALIBI=has_alibi, HAS_SELF=has_self, HAS_CROSS=has_cross,
-                 HAS_BIAS=extra, ACC=tl.float64 if acc == torch.float64 else tl.float32,
-                 PREC="ieee" if acc == dtype else "tf32", BLOCK_D=block_d)
+                 HAS_BIAS=extra, ACC=_tl_acc(acc), PREC="ieee" if acc == dtype else "tf32",
+                 BLOCK_D=block_d)
     return block_d, acc, flags
 
 
@@ -1270,7 +763,7 @@ class _Call:
     """The sizes, flags and operands that every kernel of one call shares."""
 
     def __init__(self, q, kv, scale, alibi, self_bias, cross_bias, extra):
-        _check_interpreter_dtype(q)
+        runtime.check_dtype(q, INTERPRET)
         self.q, self.kv = _same_layout(q, kv)
         self.B, self.K, self.L, self.D = q.shape
         self.block_d, self.acc, self.flags = _call_constants(
@@ -1289,8 +782,8 @@ class _Call:
         return lambda cfg: _cdiv(self.L, cfg[cfg_key])
 
     def launch(self, name, kernel, grid, args, table=None, **meta):
-        _launch(name, kernel, grid, args, {**self.flags, **meta}, self.block_d, self.device,
-                self.L, table)
+        TUNING.launch(name, kernel, grid, args, {**self.flags, **meta}, self.block_d, self.device,
+                      self.L, table)
 
     def forward(self, e2):
         """``(o, lse)``; ``e2`` the extra logits (B, L, L) in log2 units, or ``None``."""
@@ -1382,7 +875,7 @@ def _fold(dsii, dlse, dself, dcross, has_dlse, need_self, need_cross, acc):
               BLOCK=FOLD_BLOCK)
     if not INTERPRET:
         kw["num_warps"] = 4
-    direct_launch.launch(_fold_kernel, (K,), (dsii, dlse, dself, dcross, K, B, L), kw, cuda)
+    runtime.launch(_fold_kernel, (K,), (dsii, dlse, dself, dcross, K, B, L), kw, cuda)
 
 
 def _extra_grads(g, a, q_extra, k_extra, doe, fold=None):
@@ -1394,21 +887,21 @@ def _extra_grads(g, a, q_extra, k_extra, doe, fold=None):
     dke = torch.empty((B, L, DE), dtype=k_extra.dtype, device=k_extra.device)
     has_a = doe is not None
     doe = _unit_rows(doe) if has_a else k_extra
-    acc = _acc_dtype(q_extra.dtype)
+    acc = runtime.acc_dtype(q_extra.dtype)
     if fold is None:  # placeholders: FOLD is off
         rows, n_heads, has_dlse, need_self, need_cross = (g, g, g, g), 0, False, False, False
     else:
         dsii, dlse, dself, dcross, has_dlse, need_self, need_cross = fold
         rows, n_heads = (dsii, dlse, dself, dcross), dsii.shape[1]
-    _launch("extra_grads", _extra_grads_kernel,
-            lambda cfg: (_cdiv(L, cfg["BLOCK_M"]), _cdiv(DE, cfg["BLOCK_N"]), 2 * B),
-            (g, a if has_a else g, q_extra, k_extra, doe, dqe, dke, L, DE,
-             q_extra.stride(0), q_extra.stride(1), k_extra.stride(0), k_extra.stride(1),
-             doe.stride(0), doe.stride(1), *rows, n_heads, B),
-            dict(HAS_A=has_a, FOLD=fold is not None, HAS_DLSE=has_dlse, SELF_GRAD=need_self,
-                 CROSS_GRAD=need_cross, ACC=tl.float64 if acc == torch.float64 else tl.float32,
-                 PREC="ieee" if acc == q_extra.dtype else "tf32", FOLD_BLOCK=FOLD_BLOCK),
-            0, q_extra.device, L)
+    TUNING.launch("extra_grads", _extra_grads_kernel,
+                  lambda cfg: (_cdiv(L, cfg["BLOCK_M"]), _cdiv(DE, cfg["BLOCK_N"]), 2 * B),
+                  (g, a if has_a else g, q_extra, k_extra, doe, dqe, dke, L, DE,
+                   q_extra.stride(0), q_extra.stride(1), k_extra.stride(0), k_extra.stride(1),
+                   doe.stride(0), doe.stride(1), *rows, n_heads, B),
+                  dict(HAS_A=has_a, FOLD=fold is not None, HAS_DLSE=has_dlse,
+                       SELF_GRAD=need_self, CROSS_GRAD=need_cross, ACC=_tl_acc(acc),
+                       PREC="ieee" if acc == q_extra.dtype else "tf32", FOLD_BLOCK=FOLD_BLOCK),
+                  0, q_extra.device, L)
     return dqe, dke
 
 
@@ -1466,25 +959,24 @@ def _fwd_kernel_op(q: Tensor, kv: Tensor, scale: float, alibi: Optional[Tensor],
                    self_bias: Optional[Tensor], cross_bias: Optional[Tensor],
                    q_extra: Optional[Tensor], k_extra: Optional[Tensor], extra_values: bool
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    with _on_device(q):
+    with runtime.on_device(q):
         out = forward(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values)
     return tuple(t if t is not None else _empty(q) for t in out)
 
 
 def _fwd_fake(q, kv, scale, alibi, self_bias, cross_bias, q_extra, k_extra, extra_values):
     B, K, L, _ = q.shape
-    acc = _acc_dtype(q.dtype)
+    acc = runtime.acc_dtype(q.dtype)
     square = q.new_empty((B, L, L)) if q_extra is not None else _empty(q)
     return (torch.empty_like(_same_layout(q, kv)[0]), q.new_empty((B, K, L), dtype=acc),
             k_extra.new_empty((B, L, k_extra.shape[-1])) if extra_values else _empty(q),
             square, q.new_empty((B, L, L)) if extra_values else _empty(q))
 
 
-# what a compiled graph calls: the forward and backward operators, registered without
-# custom_op's layers (cemlib.kernels.operators); their derivative is _TiedAttention's,
-# which dynamo traces into the graph, so no autograd layer runs around either at each call
-_fwd_op = operators.define(
-    "tied_attention_v2_fwd",
+# what a compiled graph calls: the forward and backward operators (runtime.define: no
+# autograd layer around them); their derivative is _TiedAttention's, which dynamo traces
+_fwd_op = runtime.define(
+    "tied_attention_fwd",
     "(Tensor q, Tensor kv, float scale, Tensor? alibi, Tensor? self_bias, Tensor? cross_bias, "
     "Tensor? q_extra, Tensor? k_extra, bool extra_values) -> (Tensor, Tensor, Tensor, Tensor, "
     "Tensor)", _fwd_kernel_op, _fwd_fake)
@@ -1492,7 +984,7 @@ _fwd_op = operators.define(
 
 def _bwd_kernel_op(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias, q_extra,
                    k_extra, e2, a, needs, atomic_dq):
-    with _on_device(q):
+    with runtime.on_device(q):
         grads = backward(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias,
                          q_extra, k_extra, e2, a, needs, None if atomic_dq < 0 else bool(atomic_dq))
     return [g if g is not None else _empty(q) for g in grads]
@@ -1508,8 +1000,8 @@ def _bwd_fake(do, dlse, doe, q, kv, o, lse, scale, alibi, self_bias, cross_bias,
     return out
 
 
-_bwd_op = operators.define(
-    "tied_attention_v2_bwd",
+_bwd_op = runtime.define(
+    "tied_attention_bwd",
     "(Tensor? do, Tensor? dlse, Tensor? doe, Tensor q, Tensor kv, Tensor o, Tensor lse, "
     "float scale, Tensor? alibi, Tensor? self_bias, Tensor? cross_bias, Tensor? q_extra, "
     "Tensor? k_extra, Tensor? e2, Tensor? a, bool[] needs, SymInt atomic_dq) -> Tensor[]",
@@ -1556,19 +1048,19 @@ class _TiedAttention(torch.autograd.Function):
 
 def tied_attention(q, kv, *, scale, alibi=None, self_bias=None, cross_bias=None, q_extra=None,
                    k_extra=None, extra_values=False, extra_head_sum=False, atomic_dq=None):
-    """The v2 kernels with the contract of :func:`cemlib.kernels.reference.tied_attention`;
+    """The kernels with the contract of :func:`cemlib.kernels.reference.tied_attention`;
     returns ``(o, lse[, o_extra])`` (``o_extra`` head-summed, (B, L, D_e)). Takes the calls
     :func:`covers` accepts (a ``ValueError`` otherwise); inputs are not validated further
     (:func:`cemlib.kernels.dispatch.tied_attention` does that). ``atomic_dq``: whether this
     call's backward adds ``dq`` atomically inside the ``d kv`` walk (``None``: the module's
     setting, :func:`atomic_dq_enabled`, read when the backward runs)."""
     if not covers(q, q_extra, extra_values, extra_head_sum):
-        raise ValueError("tied_attention_v2 takes head widths up to 128 and no extra pair or a "
-                         "head-shared one (B, L, D_e) with head-summed extra values; per-head "
-                         "pairs or values and wider heads go to "
-                         "cemlib.kernels.tied_attention_triton (v1)")
+        raise ValueError("the attention kernel takes head widths up to 128 and no extra pair or "
+                         "a head-shared one (B, L, D_e) with head-summed extra values; "
+                         "cemlib.kernels.dispatch.tied_attention sends per-head pairs or values "
+                         "and wider heads to the PyTorch path")
     extra_values = bool(extra_values)
     # (while compiling, the operators launch on q's device themselves)
-    with contextlib.nullcontext() if torch.compiler.is_compiling() else _on_device(q):
+    with contextlib.nullcontext() if torch.compiler.is_compiling() else runtime.on_device(q):
         return _TiedAttention.apply(q, kv, float(scale), alibi, self_bias, cross_bias, q_extra,
                                     k_extra, extra_values, atomic_dq)

@@ -1,10 +1,10 @@
-"""The closed-form PyTorch attention (cemlib.kernels.tied_attention_torch), the CPU default:
+"""The closed-form PyTorch attention (cemlib.kernels.attention_torch), the CPU default:
 the reference's outputs and every gradient, in float64, and how dispatch routes to it."""
 
 import pytest
 import torch
 
-from cemlib.kernels import dispatch, reference, tied_attention_torch
+from cemlib.kernels import attention_torch, dispatch, reference
 from cemlib.layers.cem_attention import CEMAttention
 
 f64 = torch.float64
@@ -55,7 +55,7 @@ def test_outputs_and_gradients_are_the_references(extra, values, head_sum, biase
     g = torch.Generator().manual_seed(1)
     weights = [torch.randn(o.shape, generator=g, dtype=f64) for o in ref_out]
     want_out, want_grad = _run(reference.tied_attention, t, kw, weights)
-    got_out, got_grad = _run(tied_attention_torch.tied_attention, t, kw, weights)
+    got_out, got_grad = _run(attention_torch.tied_attention, t, kw, weights)
     assert len(got_out) == len(want_out)
     for a, b in zip(got_out, want_out):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -63,6 +63,7 @@ def test_outputs_and_gradients_are_the_references(extra, values, head_sum, biase
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11, msg=name)
 
 
+@pytest.mark.slow
 def test_gradcheck_including_unused_outputs():
     """torch's finite-difference check of the hand-written backward, once with every output in
     the loss and once with only ``o`` (the layers' forward: lse and o_extra get no gradient)."""
@@ -71,7 +72,7 @@ def test_gradcheck_including_unused_outputs():
 
     def every(*xs):
         d = dict(zip(names, xs))
-        return tied_attention_torch.tied_attention(d.pop("q"), d.pop("kv"), **d, **kw)
+        return attention_torch.tied_attention(d.pop("q"), d.pop("kv"), **d, **kw)
 
     assert torch.autograd.gradcheck(every, tuple(t.values()))
     assert torch.autograd.gradcheck(lambda *xs: every(*xs)[0], tuple(t.values()))
@@ -82,7 +83,7 @@ def test_lse_is_exact_when_the_diagonal_weight_underflows():
     t, kw = _inputs(None, False, False)
     with torch.no_grad():
         t["self_bias"].fill_(-800.0)   # exp(-800) underflows even in float64
-        got = tied_attention_torch.tied_attention(t["q"], t["kv"], self_bias=t["self_bias"],
+        got = attention_torch.tied_attention(t["q"], t["kv"], self_bias=t["self_bias"],
                                                   cross_bias=t["cross_bias"], **kw)
         want = reference.tied_attention(t["q"], t["kv"], self_bias=t["self_bias"],
                                         cross_bias=t["cross_bias"], **kw)
@@ -93,7 +94,7 @@ def test_lse_is_exact_when_the_diagonal_weight_underflows():
 def test_float32_agrees_with_the_reference():
     t, kw = _inputs("shared", True, True, dtype=torch.float32, L=16, R=8, De=12)
     rest = {k: v for k, v in t.items() if k not in ("q", "kv")}
-    for a, b in zip(tied_attention_torch.tied_attention(t["q"], t["kv"], **rest, **kw),
+    for a, b in zip(attention_torch.tied_attention(t["q"], t["kv"], **rest, **kw),
                     reference.tied_attention(t["q"], t["kv"], **rest, **kw)):
         assert a.dtype == b.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -102,7 +103,7 @@ def test_float32_agrees_with_the_reference():
 def test_second_derivatives_raise_and_the_reference_gives_them():
     t, kw = _inputs(None, False, False)
     q = t["q"]
-    o, _ = tied_attention_torch.tied_attention(q, t["kv"], **kw)
+    o, _ = attention_torch.tied_attention(q, t["kv"], **kw)
     (g,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|differentiate"):
         torch.autograd.grad(g.sum(), q)
@@ -115,8 +116,8 @@ def test_second_derivatives_raise_and_the_reference_gives_them():
 def test_dispatch_routes_cpu_attention_here(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     calls = []
-    real = tied_attention_torch.tied_attention
-    monkeypatch.setattr(tied_attention_torch, "tied_attention",
+    real = attention_torch.tied_attention
+    monkeypatch.setattr(attention_torch, "tied_attention",
                         lambda *a, **k: calls.append(a[0].dtype) or real(*a, **k))
     q, kv = torch.randn(2, 1, 2, 5, 3)
     dispatch.tied_attention(q, kv, scale=0.5)                     # auto, float32 on the CPU

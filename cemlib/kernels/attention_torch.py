@@ -2,12 +2,11 @@
 
 The same function as :func:`cemlib.kernels.reference.tied_attention` (that module's docstring has
 the formulas), written as one ``torch.autograd.Function`` whose backward is derived by hand
-instead of recorded op by op. On a CPU this is what makes CEM attention cheap enough to train
-next to PyTorch's fused attention (``benchmarks/cpu_speed.py``): autograd of the reference
-keeps the logits, their bias sum, ``exp`` and ``logsumexp`` as separate full (B, K, L, L)
-passes, forward and backward, and ``exp``/``logsumexp`` take a slow path on the masked ``-inf``
-logits. Here the forward is one batched GEMM that adds the bias (``baddbmm``) and one fused
-softmax, and the backward one fused softmax backward.
+instead of recorded op by op: the forward is one batched GEMM that adds the bias (``baddbmm``)
+and one fused softmax, the backward one fused softmax backward. Autograd of the reference keeps
+the logits, their bias sum, ``exp`` and ``logsumexp`` as separate (B, K, L, L) passes, and
+``exp``/``logsumexp`` take a slow path on the masked ``-inf`` logits; this path is what makes CEM
+attention cheap enough to train on a CPU (``benchmarks/cpu_speed.py``).
 
 With ``s = scale (q kv^T + q_e k_e^T) + bias`` (bias: ALiBi, self/cross, causal ``-inf``),
 ``p = softmax(s)``, ``o = p kv``, ``lse = logsumexp(s)`` and ``o_e = p k_e`` (per head) or
@@ -28,21 +27,15 @@ With ``s = scale (q kv^T + q_e k_e^T) + bias`` (bias: ALiBi, self/cross, causal 
     \\bar b^{\\rm cross}_k = \\textstyle\\sum_{b,i\\ne j}\\bar s_{kij}
                          = \\textstyle\\sum_{b,i} dlse_{ki} - \\bar b^{\\rm self}_k
 
-(the last because each row of ``s̄`` sums to its ``dlse``: the rows of ``p`` sum to one, so the
-softmax term of a row sums to zero; the ALiBi slopes are fixed, not learned: no gradient).
-That difference loses relative accuracy when the diagonal dominates every row (``p_ii`` near 1,
-e.g. a self bias far above the cross bias): in float64, 1.5e-4 relative at a bias gap of 30 and
-no correct digit at 300 (the reference sums the off-diagonal entries and stays exact). It is
-kept because the stored runs were trained with it (their cross bias is learned, and another
-summation would change their rounding); where that regime matters, use the reference backend.
-``lse`` is read off the diagonal, which is never masked: ``lse_i = s_ii - log p_ii`` (see
-:func:`_lse` for a ``p_ii`` that underflows).
+(the last because each row of ``s̄`` sums to its ``dlse``; the ALiBi slopes are fixed: no
+gradient). That difference loses relative accuracy when the diagonal dominates every row (in
+float64, 1.5e-4 relative at a self-cross bias gap of 30, no correct digit at 300, where the
+reference stays exact); it is kept because the stored runs were trained with it (another
+summation would change their rounding): where that regime matters, use the reference backend.
+``lse`` is read off the diagonal, which is never masked (:func:`_lse`).
 
-It is first-order only (``once_differentiable``): a second derivative through it raises an
-error; :func:`cemlib.kernels.dispatch.use_backend` ``("reference")`` gives the autograd path,
-which supports it. Float32 and float64 only; the dispatcher sends other dtypes to the reference.
-``tests/test_kernels_torch.py`` checks outputs and every gradient against the reference in
-float64.
+First order only (``once_differentiable``; ``use_backend("reference")`` gives second
+derivatives); float32 and float64 only (the dispatcher sends other dtypes to the reference).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Run by tests/test_kernels_compile.py in a fresh process (compiled kernels, not the interpreter).
+"""Run by tests/kernels/test_kernels_compile.py in a fresh process (compiled kernels, not the
+interpreter).
 
-``CEMLIB_AUTOTUNE=0`` on a GPU other than the H100: :func:`tied_attention_v2._first_fitting`
+``CEMLIB_AUTOTUNE=0`` on a GPU other than the H100: :meth:`cemlib.kernels.runtime.Tuning.first_fitting`
 compiles and loads the forward's autotune entries with the installed Triton, without launching
 them, until one loads without spilling. No GPU: the kernels are compiled for ``sm_<ARCH>``
 (argument 1, default 80: the A100) and a stand-in driver loads them, refusing what needs more
@@ -14,8 +15,9 @@ import os
 import sys
 
 os.environ["TRITON_INTERPRET"] = "0"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -23,7 +25,7 @@ from triton.runtime import driver  # noqa: E402
 
 import compile_kernels  # noqa: E402
 import host_overhead  # noqa: E402
-from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.kernels import attention, runtime  # noqa: E402
 
 ARCH = int(sys.argv[1]) if len(sys.argv) > 1 else 80
 SHARED = int(sys.argv[2]) if len(sys.argv) > 2 else 163 * 1024
@@ -46,8 +48,9 @@ def main():
     stand_in = host_overhead.NullDriver(ARCH)
     stand_in.utils = Utils()
     driver.set_active(stand_in)
-    v2.AUTOTUNE = False
-    probed, real = [], v2._spills
+    tuning = attention.TUNING
+    tuning.autotune = False
+    probed, real = [], runtime.spills
 
     def spills(kernel, grid, args, kw):
         index = len(probed)
@@ -55,12 +58,12 @@ def main():
         n = real(kernel, grid, args, kw)
         probed[index].update(loads=True, spills=n)
         return n
-    v2._spills = spills
+    runtime.spills = spills
     g = torch.Generator().manual_seed(0)
     q, kv = (torch.randn(1, 4, 64, 64, generator=g, dtype=torch.bfloat16) for _ in range(2))
-    v2.tied_attention(q, kv, scale=0.125, alibi=torch.linspace(0.1, 0.5, 4),
-                      self_bias=torch.zeros(4), cross_bias=torch.zeros(4))
-    chosen = {table: index for (table, _, _), index in v2._fitting.items()}
+    attention.tied_attention(q, kv, scale=0.125, alibi=torch.linspace(0.1, 0.5, 4),
+                             self_bias=torch.zeros(4), cross_bias=torch.zeros(4))
+    chosen = {table: index for (table, _, _), index in tuning.fitting.items()}
     json.dump(dict(arch=f"sm_{ARCH}", triton=triton.__version__, probed=probed,
                    chosen=chosen.get("fwd")), sys.stdout)
 

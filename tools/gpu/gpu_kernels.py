@@ -6,23 +6,23 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
 ``correctness`` (90)
     bf16 and fp16 against the float64 reference with the FlashAttention criterion (a result's
     error at most twice the same-dtype PyTorch reference's, plus a floor), output and every
-    gradient: CEM attention v1 and v2 (ALiBi, self/cross biases; and the default layer's call
-    with the shared diagonal), the tied MLP step v2 and v1, each v2 kernel in its default
-    configuration (autotuning off: one compilation per shape, not a space); v2 with direct
-    launches against v2
-    through Triton's launch path (bit for bit); every configuration of every v2 autotune space
+    gradient: CEM attention (ALiBi, self/cross biases; and the default layer's call with the
+    shared diagonal), the tied MLP step, each attention kernel in its default configuration
+    (autotuning off: one compilation per shape, not a space); attention with direct launches
+    against attention through Triton's launch path (bit for bit); every configuration of every
+    attention autotune space
     (tiles, warps, stages), one kernel at a time (``every_config_v2``); and whether a CEM
     attention and MLP layer's forward+backward makes a synchronising CUDA call
     (``torch.cuda.set_sync_debug_mode``).
 ``autotune`` (100)
-    ``triton.testing.do_bench`` sweeps: every ``triton.autotune`` of the attention v2 module, run
+    ``triton.testing.do_bench`` sweeps: every ``triton.autotune`` of the attention module, run
     at each T of the timing table (the configurations' timings as Triton measured them), and the
     MLP element-wise kernels over ``BLOCK`` x ``num_warps`` (15 configurations, with a ``copy_``
     of the same bytes for the bandwidth reference).
 ``attention`` (110)
-    the timing table (``bench_attention.measure``): SDPA untied and with k = v, CEM v1 and v2, and
-    the default layer's call through v1 and v2, at T = 512...4096 (B = 8, H = 12, d = 64, bf16,
-    causal), forward and forward+backward, with the time ratios.
+    the timing table (``bench_attention.measure``): SDPA untied and with k = v, CEM (``cem_v2``,
+    and its atomic-dq backward), and the default layer's call, at T = 512...4096 (B = 8, H = 12,
+    d = 64, bf16, causal), forward and forward+backward, with the time ratios.
 ``profile`` (60)
     ``torch.profiler`` of forward+backward at T = 512...4096: GPU kernel time against wall
     time, kernels and launch calls per call, the longest kernels; and the same call replayed from
@@ -31,9 +31,9 @@ Stages, in order (``--stage`` picks some), each with a time budget in seconds (`
     real driver: each call whole, without its launches, its launches alone, against PyTorch's
     attention and an ``autograd.Function`` that only allocates).
 ``mlp`` (75)
-    the tied MLP step v2 and v1 against eager (``bench_mlp.measure``), time and peak memory, with
-    the v2/eager ratios next to the target (time <= 1, memory <= 0.7) and the CPU prediction
-    (``results/mlp_memory_cpu.json``), and v2 with ``dV``'s two products computed apart
+    the tied MLP step against eager (``bench_mlp.measure``), time and peak memory, with the
+    v2/eager ratios next to the target (time <= 1, memory <= 0.7) and the CPU prediction
+    (``benchmarks/results/mlp_memory_cpu.json``), and v2 with ``dV``'s two products computed apart
     (``v2_separate_dv``: whether the ``addmm_`` accumulation is what D_h = 768 loses on); then
     v2 (both ways) and eager profiled side by side at each width as
     in ``profile`` (wall, kernel and CUDA-graph time; the longest kernels), which says whether a
@@ -53,7 +53,8 @@ Each stage's JSON also records ``triton_cache``: how many kernels the stage comp
 Triton's cache (a kernel already there, compiled by an earlier stage or carried by
 ``warm_cache.py``, is not compiled again), and how many the cache holds.
 
-Each stage writes ``results/gpu_<stage>_<device>.json``; ``results/gpu_summary_<device>.json``
+Each stage writes ``<out-dir>/gpu_<stage>_<device>.json`` (default ``tools/gpu/results/``; the
+stored runs are in ``benchmarks/results/history/``); ``gpu_summary_<device>.json``
 (rewritten after every stage) says what ran, how long it took, and what was skipped and why.
 A stage whose file says it is done is skipped (so a call that was cut off resumes; ``--force``
 redoes it). A stage starts only if half its budget fits in what is left of ``--total-s``
@@ -61,15 +62,17 @@ redoes it). A stage starts only if half its budget fits in what is left of ``--t
 skipped, never silently dropped. A stage that raises is recorded as failed, with its traceback,
 and the next stage runs.
 
-The CEM attention entry points come from ``bench_attention.IMPLEMENTATIONS`` (v2:
-``cemlib.kernels.tied_attention_v2.tied_attention``, "not available" if it cannot be imported).
+The CEM attention entry points come from ``benchmarks/bench_attention.py``'s
+``IMPLEMENTATIONS`` (``v2``: ``cemlib.kernels.attention.tied_attention``, "not available" if it
+cannot be imported). Method and check names keep the labels of the stored runs (``v2``, the
+kernels' second generation, the only one since the first was removed).
 
 ``--dry-run``: on the CPU, Triton kernels under the interpreter, tiny shapes, a few repetitions
 (the tests run it); files go to ``--out-dir`` (default: the temporary directory) and are marked
 "dry run (not a result)".
 
-Usage: ``python benchmarks/gpu_kernels.py [--stage attention mlp] [--force]`` or
-``bash benchmarks/run_gpu.sh``.
+Usage: ``python tools/gpu/gpu_kernels.py [--stage attention mlp] [--force]`` or
+``bash tools/gpu/run_gpu.sh``.
 """
 
 from __future__ import annotations
@@ -85,7 +88,11 @@ import traceback
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPOSITORY = os.path.dirname(os.path.dirname(HERE))
+BENCHMARKS = os.path.join(REPOSITORY, "benchmarks")
+sys.path.insert(0, BENCHMARKS)  # bench_attention, bench_mlp, train_step, common
 sys.path.insert(0, HERE)
+sys.path.insert(0, REPOSITORY)
 DRY = "--dry-run" in sys.argv
 if DRY:  # before anything imports triton
     os.environ["TRITON_INTERPRET"] = "1"
@@ -100,7 +107,7 @@ import bench_attention  # noqa: E402
 import bench_mlp  # noqa: E402
 import train_step  # noqa: E402
 import warm_cache  # noqa: E402
-from cemlib.kernels import gated_mlp_triton, reference  # noqa: E402
+from cemlib.kernels import gated_mlp, reference  # noqa: E402
 
 STAGES = ("correctness", "autotune", "attention", "profile", "mlp", "train")
 BUDGET_S = {"correctness": 90, "autotune": 100, "attention": 110, "profile": 60, "mlp": 75,
@@ -113,8 +120,8 @@ SETTINGS = {
     "gpu": dict(
         dtypes=(torch.bfloat16, torch.float16), rep=100,
         attention=dict(B=8, H=12, d=64, Ts=[512, 1024, 2048, 4096], dtype=torch.bfloat16),
-        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_diag_v1",
-                 "cem_diag_v2", "cem_diag_v2_atomic"),
+        methods=("sdpa_untied", "sdpa_tied", "cem_v2", "cem_v2_atomic", "cem_diag_v2",
+                 "cem_diag_v2_atomic"),
         check_attention=[(2, 3, 37, 64), (1, 12, 256, 64), (1, 2, 1000, 48), (2, 1, 129, 128)],
         check_diag=[(2, 4, 200, 64)], check_mlp=[(37, 96, 200), (512, 768, 2048)],
         check_every_config=(2, 4, 200, 64), every_config_limit=None,
@@ -127,8 +134,7 @@ SETTINGS = {
     "dry": dict(
         dtypes=(torch.float16,), rep=2,
         attention=dict(B=1, H=2, d=16, Ts=[16], dtype=torch.float32),
-        methods=("sdpa_untied", "sdpa_tied", "cem_v1", "cem_v2", "cem_v2_atomic", "cem_diag_v1",
-                 "cem_diag_v2_atomic"),
+        methods=("sdpa_untied", "sdpa_tied", "cem_v2", "cem_v2_atomic", "cem_diag_v2_atomic"),
         check_attention=[(1, 2, 13, 16)], check_diag=[(1, 2, 9, 16)], check_mlp=[(5, 12, 40)],
         check_every_config=(1, 2, 40, 16), every_config_limit=2,
         profile_Ts=[16], profile_iters=2,
@@ -221,27 +227,28 @@ CHECK_CONFIGURATIONS = (
 def default_configurations():
     """The v2 kernels without autotuning, for the shape checks: the autotuner would compile and
     time the whole space of each kernel (19-30 configurations) at every new shape, dtype and head
-    width. Counted without a GPU (``compile_requests.py``, ``results/compile_requests_cpu.json``),
-    the shape checks ask Triton for 1254 compilations with the autotuner and 102 without; most of
+    width. Counted without a GPU (``benchmarks/results/history/compile_requests_cpu.json``), the
+    shape checks asked Triton for 1254 compilations with the autotuner and 102 without; most of
     the first H100 run's 191 s in this stage was compiling. Correctness per configuration is
     :func:`every_config_check`'s (one shape, every configuration); correctness per shape is
     checked here with the default one, which is what ``CEMLIB_AUTOTUNE=0`` runs."""
     try:
-        from cemlib.kernels import tied_attention_v2 as v2
+        from cemlib.kernels import attention
     except ImportError:  # no Triton: nothing is autotuned
         yield
         return
-    tuning, v2.AUTOTUNE = v2.AUTOTUNE, False
+    tuning = attention.TUNING
+    autotune, tuning.autotune = tuning.autotune, False
     try:
         yield
     finally:
-        v2.AUTOTUNE = tuning
+        tuning.autotune = autotune
 
 
 def error_recorder(errors: list):
     """A ``record(what, shape, dtype, run)`` for :func:`_shape_checks` that only runs each check
     and keeps its exception, if any, as a line in ``errors`` (for scripts that replay the checks'
-    kernel calls without judging their results: ``compile_requests.py``, ``warm_cache.py``)."""
+    kernel calls without judging their results: ``warm_cache.py``)."""
     def record(what, shape, dtype, run):
         try:
             run()
@@ -251,9 +258,9 @@ def error_recorder(errors: list):
 
 
 def _shape_checks(s, device, record, availability):
-    """CEM attention v1, v2 and v2 with the atomic dq against float64 (the plain call and the
-    default layer's), and the tied MLP step v2 and v1, in every dtype of ``s``."""
-    for impl in ("v1", "v2", "v2_atomic"):
+    """CEM attention and its atomic-dq backward against float64 (the plain call and the default
+    layer's), and the tied MLP step, in every dtype of ``s``."""
+    for impl in ("v2", "v2_atomic"):
         fn, availability[f"attention_{impl}"] = bench_attention.implementation(impl)
         if fn is None:
             continue
@@ -283,7 +290,7 @@ def _shape_checks(s, device, record, availability):
                                q, kv, q_extra=qe, k_extra=ke, **k),
                            [q, kv, qe, ke], kw, dtype,
                            ["o", "lse", "o_extra", "dq", "dkv", "dq_extra", "dk_extra"]))
-    for impl, fn in bench_mlp.step_methods(False, ("v2", "v1")).items():
+    for impl, fn in bench_mlp.step_methods(False, ("v2",)).items():
         for dtype in s["dtypes"]:
             for N, Dh, Dv in s["check_mlp"]:
                 inputs, _ = bench_mlp.step_inputs(N, Dh, Dv, torch.float64, device, seed=2)
@@ -297,12 +304,13 @@ def every_config_check(device, dtype, shape, limit, deadline, gpu_options=None) 
     warps and stages; the atomic-dq backward's too), one kernel at a time, on the call that
     runs all six kernels (ALiBi, self/cross biases, the shared pair with head-summed values),
     against float64 with the FlashAttention criterion. The interpreter checks every tile size
-    (``tests/test_kernels_v2.py``) but ignores warps and stages, which change the compiled code;
+    (``tests/kernels/test_kernels_attention.py``) but ignores warps and stages, which change the
+    compiled code;
     a GPU run otherwise checks only what its autotuner chose. One autotuned call first compiles
     the spaces (in parallel); each configuration then launches from Triton's cache. ``limit``:
     the first configurations of each space only (the dry run). ``gpu_options``: pass warps and
     stages with each configuration (default: on CUDA only; the interpreter ignores them)."""
-    from cemlib.kernels import tied_attention_v2 as v2
+    from cemlib.kernels import attention as v2
     gpu_options = device.type == "cuda" if gpu_options is None else gpu_options
     B, K, L, D = shape
     g = torch.Generator(device=device).manual_seed(5)
@@ -328,7 +336,7 @@ def every_config_check(device, dtype, shape, limit, deadline, gpu_options=None) 
     spaces = [(n, n, False) for n in ("fwd", "pre", "bwd", "headsum", "extra_grads")]
     spaces.append(("bwd", "bwd_atomic", True))
     for name, table, atomic in spaces:
-        configs = v2._gpu_configs(table, 64)[:limit]
+        configs = v2.TUNING.configs(table, 64)[:limit]
         for i, cfg in enumerate(configs):
             if time.monotonic() > deadline:
                 rows.append(dict(space=table, index=i, skipped="out of the stage's time budget"))
@@ -356,10 +364,10 @@ def direct_launch_shape(s) -> tuple:
 
 
 def direct_launch_check(device, dtype, shape) -> dict:
-    """v2 attention forward+backward with direct launches (:mod:`cemlib.kernels.direct_launch`)
+    """Attention forward+backward with direct launches (:func:`cemlib.kernels.runtime.launch`)
     and through Triton's own launch path: the same compiled kernels given the same arguments, so
     outputs and gradients must be equal bit for bit (the default backward has no atomics)."""
-    from cemlib.kernels import direct_launch
+    from cemlib.kernels import runtime
     fn, _ = bench_attention.implementation("v2")
     B, K, L, D = shape
     g = torch.Generator(device=device).manual_seed(3)
@@ -371,20 +379,20 @@ def direct_launch_check(device, dtype, shape) -> dict:
         return _outputs_and_grads(lambda q, kv, sb, cb: fn(q, kv, scale=D ** -0.5, alibi=alibi,
                                                           self_bias=sb, cross_bias=cb),
                                   [q, kv, sb, cb], {})
-    previous = direct_launch._enabled[0]
+    previous = runtime._enabled[0]
     try:  # each kernel's default configuration: no tuning here
         with default_configurations():
-            direct_launch._enabled[0] = True
+            runtime._enabled[0] = True
             run()
             direct = run()              # launched from the direct path's cache
-            cached = len(direct_launch._compiled)
-            direct_launch._enabled[0] = False
+            cached = len(runtime._compiled)
+            runtime._enabled[0] = False
             through_triton = run()
     finally:
-        direct_launch._enabled[0] = previous
+        runtime._enabled[0] = previous
     same = [torch.equal(a, b) for a, b in zip(direct, through_triton)]
     return {"passed": all(same), "bitwise_equal": same, "cached_kernels": cached,
-            "direct_used": direct_launch.enabled() and device.type == "cuda"}
+            "direct_used": runtime.enabled() and device.type == "cuda"}
 
 
 def synchronising_calls(messages) -> list[str]:
@@ -437,12 +445,12 @@ def sync_check(device) -> dict:
 # ---------------------------------------------------------------- autotune
 
 def _autotuners(module) -> dict:
-    """The module's ``triton.autotune`` kernels: module-level ones, and those a module builds at its
-    first call and keeps in a ``_tuners`` dict (``tied_attention_v2``: one per kernel and padded
-    head width), named ``kernel`` or ``kernel@key``."""
+    """The module's ``triton.autotune`` kernels: module-level ones, and those its
+    :class:`cemlib.kernels.runtime.Tuning` (``module.TUNING``) builds at the first call and keeps
+    in ``tuners`` (one per kernel and padded head width), named ``kernel`` or ``kernel@key``."""
     from triton.runtime.autotuner import Autotuner
     out = {name: obj for name, obj in vars(module).items() if isinstance(obj, Autotuner)}
-    for key, obj in dict(getattr(module, "_tuners", None) or {}).items():
+    for key, obj in dict(getattr(getattr(module, "TUNING", None), "tuners", None) or {}).items():
         if isinstance(obj, Autotuner):
             out["@".join(map(str, key)) if isinstance(key, tuple) else str(key)] = obj
     return out
@@ -494,7 +502,7 @@ def attention_v2_sweep(s, device, deadline) -> dict:
     if not seen:
         return {**record, "sweeps": sweeps,
                 "note": "no triton.autotune kernel ran (the interpreter, CEMLIB_AUTOTUNE=0, or fixed "
-                        "configurations: tied_attention_v2.use_configs)"}
+                        "configurations: attention.use_configs)"}
     return {**record, "kernels": sorted(seen), "sweeps": sweeps}
 
 
@@ -516,10 +524,10 @@ def mlp_elementwise_sweep(s, device, deadline) -> dict:
                 continue
             cfg = dict(BLOCK=block, num_warps=warps)
             for kernel, fn, nbytes in (
-                    ("_silu_gate_kernel", lambda: gated_mlp_triton.silu_gate(h, gamma, a, cfg),
+                    ("_silu_gate_kernel", lambda: gated_mlp.silu_gate(h, gamma, a, cfg),
                      3 * n * dtype.itemsize),
                     ("_silu_gate_bwd_kernel",  # overwrites da each call; timing is value-blind
-                     lambda: gated_mlp_triton.silu_gate_backward(h, gamma, da, cfg),
+                     lambda: gated_mlp.silu_gate_backward(h, gamma, da, cfg),
                      5 * n * dtype.itemsize)):
                 if time.monotonic() > deadline:
                     rows.append(dict(kernel=kernel, **cfg, skipped="out of the stage's budget"))
@@ -527,7 +535,7 @@ def mlp_elementwise_sweep(s, device, deadline) -> dict:
                 ms = common.bench(fn, device, s["sweep_rep"])["median_ms"]
                 rows.append(dict(kernel=kernel, **cfg, elements_per_thread=per_thread,
                                  median_ms=ms, gb_per_s=nbytes / ms / 1e6,
-                                 default=cfg == gated_mlp_triton.ELEMENTWISE))
+                                 default=cfg == gated_mlp.ELEMENTWISE))
     best = {}
     for r in rows:
         if "median_ms" in r and (r["kernel"] not in best
@@ -535,7 +543,7 @@ def mlp_elementwise_sweep(s, device, deadline) -> dict:
             best[r["kernel"]] = r
     return {"n": n, "dtype": str(dtype), "copy_reference": dict(
                 bytes=bytes_copy, median_ms=copy_ms, gb_per_s=bytes_copy / copy_ms / 1e6),
-            "default": dict(gated_mlp_triton.ELEMENTWISE), "rows": rows, "best": best}
+            "default": dict(gated_mlp.ELEMENTWISE), "rows": rows, "best": best}
 
 
 # ---------------------------------------------------------------- attention, profile, mlp, train
@@ -582,14 +590,14 @@ HOST_CALLS, HOST_ROUNDS = 200, 3
 
 
 def host_time(device, deadline) -> dict:
-    """Where a call's host time goes on this GPU's host: ``benchmarks/host_overhead.py``'s rows
+    """Where a call's host time goes on this GPU's host: ``tools/gpu/host_overhead.py``'s rows
     (PyTorch's attention, CEM v2 plain, atomic and with the shared diagonal, the MLP step; each
     whole, without its launches, its launches alone, and one backward launch taken apart) with
     the real driver, at a tiny shape (a call's time is then its host time). The H100 run of
     2026-11-27 measured the CEM v2 call at 0.51 ms of wall time where the CPU measurement of the
     same path predicted about 0.25 ms: this says which part grows on the GPU's host."""
     if device.type != "cuda":
-        return {"skipped": "CUDA only (on the CPU, benchmarks/host_overhead.py measures the "
+        return {"skipped": "CUDA only (on the CPU, tools/gpu/host_overhead.py measures the "
                            "same rows with a stand-in driver)"}
     if time.monotonic() > deadline - 15:
         return {"skipped": "out of the stage's time budget"}
@@ -703,20 +711,19 @@ def mlp(s, device, deadline):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results = bench_mlp.measure(s["mlp"]["N"], s["mlp"]["widths"], dtype, device, s["rep"],
                                 peak["tflops"],
-                                bench_mlp.step_methods(False, ("v2", "v2_separate_dv", "v1", "eager")),
+                                bench_mlp.step_methods(False, ("v2", "v2_separate_dv", "eager")),
                                 deadline=deadline)
     ratios = bench_mlp.ratios(results)
     verdict = {k: {"time_met": v.get("time", float("inf")) <= MLP_TIME_TARGET,
                    "memory_met": v.get("memory", float("inf")) <= MLP_MEMORY_TARGET}
                for k, v in ratios.items() if k.endswith("fwd_bwd")}
     profiled = mlp_profile(s, device, dtype, deadline)
-    predicted = os.path.join(HERE, "results", "mlp_memory_cpu.json")
+    predicted = os.path.join(BENCHMARKS, "results", "mlp_memory_cpu.json")
     prediction = None
     if os.path.exists(predicted):
         with open(predicted) as f:
             prediction = json.load(f).get("v2_over_eager_peak")
     return {"peak_gemm": peak, "results": results, "v2_over_eager": ratios,
-            "v1_over_eager": bench_mlp.ratios(results, "v1"),
             "v2_separate_dv_over_eager": bench_mlp.ratios(results, "v2_separate_dv"),
             "targets": {"time": MLP_TIME_TARGET, "memory": MLP_MEMORY_TARGET}, "verdict": verdict,
             "cpu_predicted_memory_ratio": prediction, "profile": profiled}
@@ -803,7 +810,8 @@ def main(argv=None):
     p.add_argument("--budget", nargs="+", default=[], metavar="STAGE=S",
                    help="a stage's budget in seconds, e.g. train=240")
     p.add_argument("--rep", type=int, help="do_bench repetition time (ms) / CPU repetitions")
-    p.add_argument("--out-dir", help="where the JSON go (default: results/, dry run: temp dir)")
+    p.add_argument("--out-dir", help="where the JSON go (default: tools/gpu/results/, dry run: "
+                                     "the temporary directory)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, interpreter, tiny shapes: checks the script runs (not a result)")
     args = p.parse_args(argv)
@@ -827,7 +835,7 @@ def main(argv=None):
     out_dir = args.out_dir or (os.path.join(tempfile.gettempdir(), "cemlib_gpu_dry_run") if DRY
                                else os.path.join(HERE, "results"))
     os.makedirs(out_dir, exist_ok=True)
-    command = " ".join(["python benchmarks/gpu_kernels.py"] + [
+    command = " ".join(["python tools/gpu/gpu_kernels.py"] + [
         a for a in (sys.argv[1:] if argv is None else argv)])
     if args.out_dir:  # the recorded command leaves a machine's path out
         command = command.replace(f"--out-dir {args.out_dir}", "--out-dir <dir>")

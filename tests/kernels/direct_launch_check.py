@@ -1,8 +1,9 @@
-"""Run by tests/test_direct_launch.py in a fresh process (compiled kernels, not the interpreter).
+"""Run by tests/kernels/test_kernels_runtime.py in a fresh process (compiled kernels, not the
+interpreter).
 
 Records, at the launcher (the boundary between Triton and the CUDA driver), what every launch of
-the v2 attention kernels receives, once through Triton's own path (``JITFunction.run``) and once
-through :mod:`cemlib.kernels.direct_launch`, for several calls; prints the comparison as JSON.
+the attention kernels receives, once through Triton's own path (``JITFunction.run``) and once
+through :func:`cemlib.kernels.runtime.launch`, for several calls; prints the comparison as JSON.
 No GPU: the kernels are compiled for sm_90 (Triton's bundled ptxas) and a stand-in driver's
 launcher records its arguments instead of launching.
 """
@@ -18,18 +19,18 @@ from triton import knobs  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
 from host_overhead import NullDriver  # noqa: E402
 
-from cemlib.kernels import direct_launch, reference  # noqa: E402
-from cemlib.kernels import tied_attention_v2 as v2  # noqa: E402
+from cemlib.kernels import attention as attn  # noqa: E402
+from cemlib.kernels import reference, runtime  # noqa: E402
 
 RECORDS = []
 
 
 class RecordingDriver(NullDriver):
-    """The stand-in driver of ``benchmarks/host_overhead.py`` (the H100 as target, no module
+    """The stand-in driver of ``tools/gpu/host_overhead.py`` (the H100 as target, no module
     loaded), on stream 7, whose launchers record what they are given."""
 
     def get_current_stream(self, device=None):
@@ -39,7 +40,7 @@ class RecordingDriver(NullDriver):
         class Launcher:
             def __call__(self, *args):  # (the hooks as they are now: a chain can change)
                 chain = getattr(knobs, "HookChain", None)
-                idle = all(direct_launch._idle(h, chain) for h in args[7:9])
+                idle = all(runtime._idle(h, chain) for h in args[7:9])
                 RECORDS.append((self, args[:6] + ("no hook",) * 3 + args[9:] if idle else args))
         return Launcher()
 
@@ -79,7 +80,7 @@ def scenarios():
     def plain(qq, atomic=False):
         def run():
             a, b = qq.detach().requires_grad_(), kv.detach().requires_grad_()
-            o = v2.tied_attention(a, b, scale=0.125, alibi=slopes, self_bias=sb, cross_bias=cb,
+            o = attn.tied_attention(a, b, scale=0.125, alibi=slopes, self_bias=sb, cross_bias=cb,
                                   atomic_dq=atomic)[0]
             o.backward(do)
             return [qq, kv, slopes, sb, cb, do]
@@ -88,7 +89,7 @@ def scenarios():
     def diag():
         a, b = q.detach().requires_grad_(), kv.detach().requires_grad_()
         e, f = qe.detach().requires_grad_(), ke.detach().requires_grad_()
-        o, _, oe = v2.tied_attention(a, b, scale=0.125, alibi=slopes, q_extra=e, k_extra=f,
+        o, _, oe = attn.tied_attention(a, b, scale=0.125, alibi=slopes, q_extra=e, k_extra=f,
                                      extra_values=True, extra_head_sum=True)
         torch.autograd.backward((o, oe), (do, doe))
         return [q, kv, slopes, qe, ke, do, doe]
@@ -105,7 +106,7 @@ def scenarios():
 
 def recorded(run, direct, repeats):
     """The launches of the last of ``repeats`` calls."""
-    direct_launch._enabled[0] = direct
+    runtime._enabled[0] = direct
     for _ in range(repeats):
         RECORDS.clear()
         inputs = run()
@@ -113,23 +114,24 @@ def recorded(run, direct, repeats):
 
 
 def main():
-    launch, cuda = v2._launch, torch.device("cuda")
-    v2._launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
+    tuning = attn.TUNING
+    launch, cuda = tuning.launch, torch.device("cuda")
+    tuning.launch = lambda name, kernel, grid, args, meta, block_d, device, length, table=None: \
         launch(name, kernel, grid, args, meta, block_d, cuda, length, table)
-    v2.INTERPRET = False
+    attn.INTERPRET = tuning.interpret = False
     Autotuner._bench = lambda self, *args, config, **kw: [1.0, 1.0, 1.0]
     driver.set_active(RecordingDriver())
-    out = {"supported": direct_launch.SUPPORTED, "scenarios": {}}
+    out = {"supported": runtime.supported(), "scenarios": {}}
     runs = scenarios()
     launchers = {}
     # autotuned launches (the default), then each kernel's first configuration (CEMLIB_AUTOTUNE=0,
-    # or use_configs): two caches, tied_attention_v2._tuned and direct_launch's own
+    # or use_configs): two caches, the tuning's and runtime.launch's own
     for autotune, suffix in ((True, ""), (False, " (fixed configurations)")):
-        v2.AUTOTUNE = autotune
+        tuning.autotune = autotune
         through_triton = {name: recorded(run, False, 2) for name, run in runs.items()}
-        v2._tuned.clear()  # the direct path from empty caches, the scenarios in order: a call
-        v2._choices.clear()  # then finds what the calls before it left (aligned kernels, say)
-        direct_launch.clear()
+        tuning.tuned.clear()  # the direct path from empty caches, the scenarios in order: a call
+        tuning.choices.clear()  # then finds what the calls before it left (aligned kernels, say)
+        runtime.clear()
         for name, run in runs.items():
             direct = recorded(run, True, 3)  # a miss fills the caches, later calls hit them
             out["scenarios"][name + suffix] = dict(
