@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cemlib.evidence.verdict import (AGREE, DISAGREE, NOT_TESTABLE, UNRESOLVED, Chance,
-                                     Claim, claims_table, decide, decide_exact,
-                                     not_testable, seed_values, tally,
-                                     whole_split_value)
+from cemlib.evidence.verdict import (AGREE, DEPENDS, DISAGREE, NOT_TESTABLE, OBSERVED, SMALLER,
+                                     UNRESOLVED, VERDICTS, Chance, Claim, FalseDisagreements,
+                                     claims_table, combine, decide, decide_exact,
+                                     false_disagreements, not_testable, observe, seed_values,
+                                     tally, whole_split_value)
 from cemlib.evidence.stats import (MIN_SEEDS, compare, paired, sampling_margin,
                                    t_interval, t_quantile)
 from cemlib.evidence.lr_search import per_seed_optimum
@@ -78,8 +79,11 @@ NOISY = seeds([0.5, 1.6, 0.4, 1.7, 0.6])               # a - b about -0.08, wide
 
 @pytest.mark.parametrize("kind, threshold, data, expected", [
     ("lower", 0.0, LOWER, AGREE), ("lower", 0.0, HIGHER, DISAGREE), ("lower", 0.0, NOISY, UNRESOLVED),
-    ("lower", 0.5, LOWER, DISAGREE),          # lower, but by less than the 0.5 the claim needs
+    ("lower", 0.5, LOWER, SMALLER),           # lower, but by less than the 0.5 the claim needs
+    ("lower", 0.2, LOWER, AGREE), ("lower", 0.3, LOWER, UNRESOLVED), ("lower", 0.5, HIGHER, DISAGREE),
     ("higher", 0.0, HIGHER, AGREE), ("higher", 0.0, LOWER, DISAGREE), ("higher", 0.0, NOISY, UNRESOLVED),
+    ("higher", 0.5, HIGHER, SMALLER), ("higher", 0.2, HIGHER, AGREE), ("higher", 0.3, HIGHER, UNRESOLVED),
+    ("higher", 0.5, LOWER, DISAGREE), ("higher", 0.5, NOISY, UNRESOLVED),
     ("not higher", 0.05, LOWER, AGREE), ("not higher", 0.05, HIGHER, DISAGREE),
     ("not higher", 0.3, HIGHER, UNRESOLVED),   # the interval straddles 0.3
     ("not lower", 0.05, HIGHER, AGREE), ("not lower", 0.05, LOWER, DISAGREE),
@@ -186,6 +190,220 @@ def test_compare_without_a_claim():
 def test_sampling_margin():
     assert sampling_margin(500) == pytest.approx(1.959964 * math.sqrt(0.5 / 500), rel=1e-6)
     assert sampling_margin(2000) < sampling_margin(500)
+
+
+# ------------------------------------------------------------------------------ same direction, smaller
+GRID = np.linspace(-1.5, 1.5, 31)
+
+
+@pytest.mark.parametrize("t, c", [(0.5, 0.0), (0.3, 1.0), (1e-3, -0.2)])
+def test_a_confirmed_direction_of_smaller_size_is_never_disagree(t, c):
+    """Every interval strictly between the target and the band of a "higher" claim (d > c + t) is
+    "same direction, smaller", and the mirror image for "lower"; an interval that reaches the target
+    or the other side below the band is "disagree"; nothing else moves."""
+    hi, lo = claim("higher", t, target=c), claim("lower", t, target=c)
+    for a in c + t * GRID:
+        for b in c + t * GRID:
+            if not a < b:
+                continue
+            up, down = hi.judge(a, b)[0], lo.judge(2 * c - b, 2 * c - a)[0]      # mirror images
+            assert up == down, (a, b, up, down)
+            if c < a and b < c + t:
+                assert up == SMALLER, (a, b, up)
+            elif b < c + t:                                  # reaches the target or below it
+                assert up == DISAGREE, (a, b, up)
+            elif a > c + t:
+                assert up == AGREE
+            else:
+                assert up == UNRESOLVED
+    # the other kinds never say "smaller", and a band of 0 (a test of the sign) cannot
+    for kind in ("not higher", "not lower", "equivalent"):
+        k = claim(kind, t, target=c)
+        assert all(k.judge(a, b)[0] != SMALLER for a in c + t * GRID for b in c + t * GRID if a < b)
+    assert all(claim("higher", 0.0).judge(a, b)[0] != SMALLER for a in GRID for b in GRID if a < b)
+
+
+def test_smaller_for_exact_values_and_in_the_table():
+    v = decide_exact(claim("higher", 0.5), 0.3)
+    assert v.verdict == SMALLER and v.reason == "the value lies between 0 and 0.5"
+    assert decide_exact(claim("higher", 0.5), -0.1).verdict == DISAGREE
+    assert decide_exact(claim("lower", 0.5), -0.3).verdict == SMALLER
+    row = claims_table([decide(claim("lower", 0.5), LOWER, B)]).rows[0]
+    assert row["verdict"] == SMALLER == "same direction, smaller"
+    assert tally([decide(claim("lower", 0.5), LOWER, B)]) == {**{k: 0 for k in VERDICTS}, SMALLER: 1}
+
+
+# ------------------------------------------------------------------------------ observations at our scale
+FAR = "the paper's models: 100M parameters, web text; ours: 0.2M, characters"
+
+
+def test_an_observation_shows_the_interval_and_is_never_a_verdict():
+    for kind, t in (("lower", 0.0), ("lower", 0.5), ("higher", 0.0), ("not higher", 0.05),
+                    ("not lower", 0.05), ("equivalent", 0.05), ("equivalent", 0.5)):
+        for data in (LOWER, HIGHER, NOISY):
+            at_scale = decide(claim(kind, t), data, B)
+            far = decide(claim(kind, t, scale=FAR), data, B)
+            assert far.verdict == OBSERVED and not far.decided and at_scale.decided
+            assert far.estimate == at_scale.estimate and far.n == 5 and far.scale == FAR
+            # the words read the same interval against the same bound, in other words
+            assert far.reason.startswith(at_scale.reason + " (")
+            row = claims_table([far]).rows[0]
+            assert row["ours"] == claims_table([at_scale]).rows[0]["ours"]
+            assert row["verdict"].startswith(OBSERVED + ": ") and FAR in row["verdict"]
+            assert "agree" not in row["verdict"] and "smaller" not in row["verdict"].split(":")[0]
+    # observe() with a reason given, and the exact form
+    v = observe(claim("lower"), LOWER, B, why=FAR)
+    assert v.verdict == OBSERVED and "below 0" in v.reason and "as the paper reports" in v.reason
+    v = observe(claim("higher", 0.5), 0.3, why=FAR)
+    assert v.verdict == OBSERVED and v.estimate is None and v.value == 0.3 and "between 0 and 0.5" in v.reason
+    assert decide_exact(claim("equivalent", 0.01, target=0.5, scale=FAR), 0.52).verdict == OBSERVED
+    with pytest.raises(ValueError, match="say why"):
+        observe(claim("lower"), LOWER, B)
+    with pytest.raises(ValueError, match="say why"):
+        observe(claim("lower", scale=" "), LOWER, B)
+
+
+def test_an_observation_whose_model_has_not_learned_is_not_testable():
+    chance = Chance(value=1 / 9, perfect=1.0, how="uniform over 9 digits")
+    at_chance = seeds([0.123, 0.122, 0.121, 0.125, 0.120])
+    learned = seeds([0.62, 0.60, 0.64, 0.61, 0.63])
+    v = decide(claim("higher", scale=FAR), at_chance, learned, chance=chance)
+    assert v.verdict == NOT_TESTABLE and "a has not learned" in v.reason and v.estimate is not None
+    learned_too = {s: x + 0.4 for s, x in at_chance.items()}
+    assert decide(claim("higher", scale=FAR), learned, learned_too, chance=chance).verdict == OBSERVED
+
+
+def test_tally_never_counts_an_observation_as_agree_or_disagree():
+    vs = [decide(claim("lower"), LOWER, B), decide(claim("higher"), LOWER, B),
+          decide(Claim("w3", "s3", "lower", 0.0, WHY, scale=FAR), LOWER, B),
+          decide(Claim("w4", "s4", "higher", 0.0, WHY, scale=FAR), LOWER, B),
+          decide(Claim("w5", "s5", "lower", 0.5, WHY, scale=FAR), LOWER, B)]
+    vs[1] = decide(Claim("w2", "s2", "higher", 0.0, WHY), LOWER, B)
+    counts = tally(vs)
+    assert counts[AGREE] == 1 and counts[DISAGREE] == 1 and counts[OBSERVED] == 3
+    assert counts[SMALLER] == 0 and sum(counts.values()) == 5
+
+
+# ------------------------------------------------------------------------------ one claim, one row
+def _kernels(results):
+    """Sub-cases of one claim: ``results`` is per sub-case LOWER, HIGHER or NOISY (a - b vs B)."""
+    c = claim("lower", 0.0)
+    return c, {f"kernel {i}": decide(c, data, B) for i, data in enumerate(results)}
+
+
+@pytest.mark.parametrize("results, expected", [
+    ((LOWER, LOWER, LOWER), AGREE),
+    ((LOWER, HIGHER, LOWER), DISAGREE),       # one counter-example refutes "for every kernel"
+    ((LOWER, NOISY, HIGHER), DISAGREE),
+    ((LOWER, NOISY, LOWER), UNRESOLVED),
+])
+def test_combine_decides_one_claim_from_its_sub_cases(results, expected):
+    c, parts = _kernels(results)
+    v = combine(c, parts)
+    assert v.verdict == expected and len(v.parts) == len(results) and v.estimate is None
+    row = claims_table([v]).rows[0]
+    for name, p in parts.items():
+        assert f"{name}: " in row["ours"] and f"({p.verdict})" in row["ours"]
+    assert row["verdict"].startswith(expected + " (")
+    assert sum(tally([v]).values()) == 1 and tally([v])[expected] == 1
+
+
+def test_combine_smaller_not_testable_observed_and_refusals():
+    c = claim("lower", 0.5)
+    agree_or_smaller = {"a": decide(claim("lower", 0.1), LOWER, B), "b": decide(c, LOWER, B)}
+    assert [p.verdict for p in agree_or_smaller.values()] == [AGREE, SMALLER]
+    assert combine(c, agree_or_smaller).verdict == SMALLER
+    untested = {"a": not_testable(c, "no run"), "b": not_testable(c, "no run either")}
+    assert combine(c, untested).verdict == NOT_TESTABLE
+    assert combine(c, {"a": decide(claim("lower", 0.1), LOWER, B), "b": not_testable(c, "no run")}).verdict \
+        == UNRESOLVED
+    far = claim("lower", scale=FAR)
+    v = combine(far, {"attention": decide(far, LOWER, B), "MLP": decide(far, HIGHER, B)})
+    assert v.verdict == OBSERVED and v.scale == FAR and not v.decided
+    row = claims_table([v]).rows[0]
+    assert "attention: " in row["ours"] and "(as the paper reports for its models)" in row["ours"]
+    assert "(not as the paper reports for its models)" in row["ours"] and FAR in row["verdict"]
+    with pytest.raises(ValueError, match="observations at our scale but the claim is not"):
+        combine(claim("lower"), {"a": decide(far, LOWER, B)})
+    with pytest.raises(ValueError, match="non-empty"):
+        combine(c, {})
+    with pytest.raises(TypeError, match="must be a Verdict"):
+        combine(c, {"a": 0.3})
+    # a sub-case with few seeds makes the joined verdict provisional
+    few = combine(c, {"a": decide(c, {0: 0.7, 1: 0.8, 2: 0.6}, {0: 1.0, 1: 1.1, 2: 0.9}),
+                      "b": decide(c, LOWER, B)})
+    assert few.provisional and "provisional" in claims_table([few]).rows[0]["verdict"]
+
+
+def test_tally_refuses_a_claim_counted_twice():
+    c = claim("lower")
+    with pytest.raises(ValueError, match="one claim, two verdicts"):
+        tally([decide(c, LOWER, B), decide(c, HIGHER, B)])
+    # the same sentence split into rows (5 kernels as 5 claims) is refused; combine() is the way
+    rows = [decide(Claim("T = 2 beats T = 1 on every kernel", "Table 3", "lower", 0.0, WHY, metric=k), LOWER, B)
+            for k in ("RBF", "Matern")]
+    with pytest.raises(ValueError, match="one claim, one row.*combine"):
+        tally(rows)
+    # the same claim listed twice with the same verdict counts once; the joined row counts once
+    assert tally([rows[0], rows[0]])[AGREE] == 1
+    joined = combine(rows[0].claim, {"RBF": rows[0], "Matern": rows[1]})
+    assert tally([joined])[AGREE] == 1
+    with pytest.raises(ValueError, match="one claim, two verdicts"):
+        tally([joined, decide(rows[0].claim, HIGHER, B)])
+    # two versions of one finding in the same words are one claim, counted once
+    arxiv = Claim("the same words", "§4 (arXiv)", "lower", 0.0, WHY, finding="f")
+    iclr = Claim("the same words", "§4 (ICLR)", "lower", 0.0, WHY, finding="f")
+    assert sum(tally([decide(arxiv, LOWER, B), decide(iclr, LOWER, B)]).values()) == 1
+
+
+# ------------------------------------------------------------------------------ chance disagreements
+def test_false_disagreements_is_a_fortieth_of_the_one_sided_decisions():
+    eq, far = claim("equivalent", 0.05), claim("lower", scale=FAR)
+    vs = [decide(Claim(f"w{i}", "s", kind, t, WHY), data, B)
+          for i, (kind, t, data) in enumerate((("lower", 0.0, LOWER), ("higher", 0.0, LOWER),
+                                               ("lower", 0.5, LOWER), ("not higher", 0.3, HIGHER),
+                                               ("equivalent", 0.05, NOISY)))]
+    assert [v.verdict for v in vs] == [AGREE, DISAGREE, SMALLER, UNRESOLVED, UNRESOLVED]
+    f = false_disagreements(vs)
+    assert f == FalseDisagreements(5, pytest.approx(0.025 * 5), 0, 0)
+    # exact values, observations and claims not testable make no decision chance can turn
+    more = vs + [decide_exact(eq, 0.01), decide(far, LOWER, B), not_testable(claim("lower"), "no run"),
+                 vs[0]]                                                        # a repeat counts once
+    f = false_disagreements(more)
+    assert (f.decisions, f.exact, f.observations) == (5, 1, 1) and f.expected == pytest.approx(0.125)
+    # a claim joined from 3 sub-cases made 3 decisions; joined as an observation it made none
+    c, parts = _kernels((LOWER, HIGHER, NOISY))
+    assert false_disagreements([combine(c, parts)]).decisions == 3
+    assert false_disagreements([combine(far, {k: decide(far, LOWER, B) for k in "abc"})]).decisions == 0
+    # another level, another rate: a 90 % interval is a one-sided test at 5 %
+    assert false_disagreements([decide(claim("lower"), LOWER, B, level=0.9)]).expected == pytest.approx(0.05)
+    text = false_disagreements(vs).sentence()
+    assert text.startswith("5 verdicts here rest on a 95 % interval") and "2.5 %" in text
+    assert "about 0.13 of them" in text
+    assert str(false_disagreements(vs)) == text
+    assert "1 verdict here rests" in false_disagreements(vs[:1]).sentence()
+    assert "none can read" in false_disagreements([decide_exact(eq, 0.01)]).sentence()
+
+
+@pytest.mark.parametrize("kind, t", [("higher", 0.0), ("higher", 0.2), ("not higher", 0.05), ("lower", 0.1),
+                                     ("equivalent", 0.05)])
+def test_a_claim_true_at_its_bound_reads_disagree_2_5_percent_of_the_time(kind, t):
+    """Simulated seeds whose true difference sits exactly on the claim's bound (the worst case for a
+    true claim): "disagree" (with "same direction, smaller") comes out at the 2.5 % of
+    false_disagreements, for every kind, at n = 5."""
+    bound = {"higher": t, "not higher": t, "lower": -t, "equivalent": t}[kind]
+    rng = np.random.default_rng(1)
+    c = claim(kind, t)
+    draws = rng.normal(bound, 0.05, size=(6000, 5))
+    wrong = sum(decide(c, seeds(d)).verdict in (DISAGREE, SMALLER) for d in draws) / len(draws)
+    assert abs(wrong - 0.025) < 0.008, wrong
+    assert false_disagreements([decide(c, seeds(draws[0]))]).expected == pytest.approx(0.025)
+
+
+def test_hand_made_new_words_are_found():
+    from cemlib.evidence.verdict import hand_made_verdicts
+    found = hand_made_verdicts('rows = [("w", "same direction, smaller"), ("v", "observation at our scale")]\n')
+    assert sorted(t for _, t in found) == ["observation at our scale", "same direction, smaller"]
 
 
 # ------------------------------------------------------------------------------ stored runs
