@@ -30,7 +30,7 @@ OPTIONAL = {"ipywidgets": "book", "triton": "kernels", "IPython": "book", "matpl
             "pandas": "dataframes"}
 #: kernel modules that import triton at their top although their name does not end in _triton.py:
 #: dispatch imports each of them only at the first call that needs it (checked below)
-ON_DEMAND_TRITON = {"cemlib/kernels/tied_attention_v2.py"}
+ON_DEMAND_TRITON = {"cemlib/kernels/attention.py", "cemlib/kernels/gated_mlp.py", "cemlib/kernels/dplr.py"}
 
 
 def _requirement_names(reqs) -> set[str]:
