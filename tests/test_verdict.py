@@ -15,7 +15,7 @@ from cemlib.evidence.stats import (MIN_SEEDS, compare, paired, sampling_margin,
                                    t_interval, t_quantile)
 from cemlib.evidence.lr_search import per_seed_optimum
 
-WHY = "fixed before the run"
+WHY = "the test's band"
 
 
 def claim(kind, threshold=0.0, **kw):
