@@ -339,6 +339,12 @@ def test_tally_refuses_a_claim_counted_twice():
     c = claim("lower")
     with pytest.raises(ValueError, match="one claim, two verdicts"):
         tally([decide(c, LOWER, B), decide(c, HIGHER, B)])
+    # the same claim decided on two sub-cases that both agree is still two rows: refused
+    lower_too = {s: x - 0.1 for s, x in LOWER.items()}
+    assert decide(c, lower_too, B).verdict == AGREE
+    with pytest.raises(ValueError, match="decided twice, on different data"):
+        tally([decide(c, LOWER, B), decide(c, lower_too, B)])
+    assert tally([not_testable(c, "no run"), not_testable(c, "no run")])[NOT_TESTABLE] == 1
     # the same sentence split into rows (5 kernels as 5 claims) is refused; combine() is the way
     rows = [decide(Claim("T = 2 beats T = 1 on every kernel", "Table 3", "lower", 0.0, WHY, metric=k), LOWER, B)
             for k in ("RBF", "Matern")]

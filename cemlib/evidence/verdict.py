@@ -502,6 +502,13 @@ def claims_table(verdicts: Sequence[Verdict], digits: int = 3) -> ClaimsTable:
     return ClaimsTable([_row(v, digits) for v in verdicts])
 
 
+def _same(v: Verdict, w: Verdict) -> bool:
+    """The same answer from the same data (a verdict listed twice), NaN values included."""
+    value = v.value == w.value or (math.isnan(v.value) and math.isnan(w.value))
+    return (v.verdict, v.estimate, v.reason, v.n, v.parts, v.scale) == \
+        (w.verdict, w.estimate, w.reason, w.n, w.parts, w.scale) and value
+
+
 def _sentence(words: str) -> str:
     return " ".join(words.lower().split())
 
@@ -513,26 +520,30 @@ def tally(verdicts: Sequence[Verdict]) -> dict[str, int]:
     *same direction, smaller* has its own key. The same :class:`Claim` listed twice with the same
     verdict counts once; claims sharing a ``finding`` (wordings of one result in two versions of a
     paper) count once, under their common verdict or, if the wordings got different verdicts, under
-    :data:`DEPENDS`. Refused (``ValueError``): one claim with two different verdicts, and one
-    sentence of the paper (the same ``words``) listed as two claims that do not share a finding,
-    i.e. sub-cases counted as claims: join them with :func:`combine`."""
-    seen: dict[Claim, str] = {}
+    :data:`DEPENDS`. Refused (``ValueError``): one claim with two different verdicts, or decided twice
+    on different data, and one sentence of the paper (the same ``words``) listed as two claims that
+    do not share a finding, i.e. sub-cases counted as claims: join them with :func:`combine`."""
+    seen: dict[Claim, Verdict] = {}
     sentences: dict[str, Claim] = {}
     groups: dict[object, set[str]] = {}
     for v in verdicts:
         c = v.claim
         if c in seen:
-            if seen[c] != v.verdict:
-                raise ValueError(f"one claim, two verdicts ({seen[c]!r} and {v.verdict!r}): {c.words!r} "
+            w = seen[c]
+            if w.verdict != v.verdict:
+                raise ValueError(f"one claim, two verdicts ({w.verdict!r} and {v.verdict!r}): {c.words!r} "
                                  f"({c.where}). Decide a claim once; join its sub-cases with combine()")
+            if not _same(w, v):
+                raise ValueError(f"one claim decided twice, on different data: {c.words!r} ({c.where}). "
+                                 f"Join its sub-cases into one row with combine()")
             continue
         other = sentences.setdefault(_sentence(c.words), c)
-        if other is not c and not (c.finding and c.finding == other.finding):
+        if other != c and not (c.finding and c.finding == other.finding):
             raise ValueError(f"one claim, one row: the paper's words {c.words!r} are listed as two claims "
                              f"({other.where}: {other.metric or other.bound}; {c.where}: {c.metric or c.bound}). "
                              f"Decide each sub-case and join them into one row with "
                              f"combine(claim, {{name: verdict, ...}})")
-        seen[c] = v.verdict
+        seen[c] = v
         key = ("finding", c.finding) if c.finding else ("claim", c)
         groups.setdefault(key, set()).add(v.verdict)
     out = {k: 0 for k in VERDICTS}
