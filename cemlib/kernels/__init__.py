@@ -1,9 +1,9 @@
 """Triton kernels by operation, their ``autograd.Function``s, and dispatch with PyTorch fallbacks.
 
 One module per operation, each holding its kernels, launcher, autograd and compiled-path
-operators: :mod:`~cemlib.kernels.attention` (tied causal attention), :mod:`~cemlib.kernels.gated_mlp`
-(the tied gated-MLP step), :mod:`~cemlib.kernels.dplr` (the DPLR preconditioner); what they share
-in :mod:`~cemlib.kernels.runtime`. :mod:`~cemlib.kernels.reference` is the contract every kernel
+operators: :mod:`~cemlib.kernels.attention` (tied causal attention),
+:mod:`~cemlib.kernels.gated_mlp` (the tied gated-MLP step), :mod:`~cemlib.kernels.dplr` (the DPLR
+preconditioner); what they share in :mod:`~cemlib.kernels.runtime`. :mod:`~cemlib.kernels.reference` is the contract every kernel
 is tested against, :mod:`~cemlib.kernels.attention_torch` the closed-form CPU attention,
 :mod:`~cemlib.kernels.costs` the FLOP/byte models and FLOP counter,
 :mod:`~cemlib.kernels.launches` the launch and operator counters.

@@ -3,9 +3,9 @@
 Computes :func:`cemlib.kernels.reference.tied_attention`, the CEM interaction-energy step (CEM
 [arXiv] eq. 3 = [ICLR] eq. 2 with the Appendix B biases, and eq. 12's diagonal as a head-shared
 extra query/key pair with head-summed values): :func:`tied_attention` returns ``(o, lse[,
-o_extra])`` with the reference's arguments, for the calls :func:`cemlib.kernels.runtime.attention_covers`
-accepts (head width up to 128; no extra pair, or a head-shared one); the dispatcher sends every
-other call to the PyTorch path.
+o_extra])`` with the reference's arguments, for the calls
+:func:`cemlib.kernels.runtime.attention_covers` accepts (head width up to 128; no extra pair, or a
+head-shared one); the dispatcher sends every other call to the PyTorch path.
 
 Structure (FlashAttention-2, as Triton's fused-attention tutorial): the forward (``_fwd_kernel``)
 runs an online softmax in base 2 over key tiles, the ``kv`` tile serving as key and value; the

@@ -1,8 +1,8 @@
 """Run by tests/kernels/test_kernels_compile.py in a fresh process (compiled kernels, not the
 interpreter).
 
-``CEMLIB_AUTOTUNE=0`` on a GPU other than the H100: :meth:`cemlib.kernels.runtime.Tuning.first_fitting`
-compiles and loads the forward's autotune entries with the installed Triton, without launching
+``CEMLIB_AUTOTUNE=0`` on a GPU other than the H100:
+:meth:`cemlib.kernels.runtime.Tuning.first_fitting` compiles and loads the forward's autotune entries with the installed Triton, without launching
 them, until one loads without spilling. No GPU: the kernels are compiled for ``sm_<ARCH>``
 (argument 1, default 80: the A100) and a stand-in driver loads them, refusing what needs more
 shared memory per block than argument 2 (bytes, default the A100's 163 KiB) and reading each

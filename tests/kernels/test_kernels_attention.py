@@ -139,7 +139,7 @@ def test_attention_learned_alibi_slopes():
 def test_bias_gradients_take_delta_from_the_probabilities_not_the_stored_output(De):
     """``dS_ii = P_ii (dP_ii - Delta_i)``: the self/cross bias gradients sum it over every row and
     batch, so an error in ``Delta_i = o_i.do_i - dlse_i`` from the output *as stored* (bf16 on a
-    GPU) adds up in them (``benchmarks/bias_grad_rounding.py``: 2 of 32 bf16 bias gradients of
+    GPU) adds up in them (``benchmarks/NOTES.md``, step 26: 2 of 32 bf16 bias gradients of
     the GPU test's shared-diagonal call fail the FlashAttention criterion that way, none with an
     exact ``Delta``). The ``dq`` walk therefore takes ``Delta_i = sum_j P_ij dP_ij - dlse_i``
     from the probabilities it computes, and the bias gradients do not depend on ``o`` at all,

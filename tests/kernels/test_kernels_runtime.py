@@ -328,7 +328,7 @@ def test_the_autotuner_times_each_configuration_for_autotune_rep_ms(monkeypatch)
 def test_autotuned_launches_consult_the_tuner_once_per_signature(monkeypatch):
     """On a GPU, every autotuned launch used to go through ``triton.autotune``'s ``run``, which
     rebuilds its key from every argument (about 20 us of host time per launch,
-    ``benchmarks/host_overhead.py``); now the tuner is consulted once per call signature and
+    ``tools/gpu/host_overhead.py``); now the tuner is consulted once per call signature and
     later launches go to the kernel with its choice. With a stand-in kernel and tuner: the tuner
     runs once, every launch gets exactly its configuration and grid, and another length, dtype
     or flag consults it again."""
