@@ -57,3 +57,11 @@ def pytest_collectstart(collector):
             "application/papermill.record/image/jpeg",
             "application/papermill.record/text/html",
         )
+
+
+def pytest_collection_modifyitems(items):
+    """Every chapter cell is ``slow``: the quick loop (``pytest -m "not slow"``) leaves the
+    chapters to the full suite."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.slow)

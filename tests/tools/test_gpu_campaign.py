@@ -14,6 +14,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow  # GPU-campaign tools: subprocess dry runs of every gpu preset
 import torch
 import torch.nn.functional as F
 
