@@ -18,7 +18,7 @@ the median over rounds of the per-round ratio of its tokens/s to the Llama basel
 GPT's). Also recorded, because they do not depend on the machine's load: the bytes of activations
 saved for the backward pass per step (``cemlib.models.memory.saved_activation_bytes`` of the
 loss), the parameter count and the forward FLOPs per token of matrix products as PyTorch counts
-them (``cemlib.train.flops.counted_flops`` of one forward and loss: every matmul, einsum
+them (``cemlib.kernels.costs.count_flops`` of one forward and loss: every matmul, einsum
 and attention product, whatever the model's weight sharing; elementwise work is not counted).
 
 The goals (issue "the model code's speed on CPU"): Llama >= 1.0x the GPT's tokens/s; full CEM with
@@ -46,7 +46,7 @@ from cemlib.models.memory import saved_activation_bytes
 from cemlib.train.presets.bench import (MODELS as BENCH_MODELS, WIDTHS as BENCH_WIDTHS,
                                         bench_experiment)
 from cemlib.train.registry import build, get_config
-from cemlib.train.flops import counted_flops
+from cemlib.kernels.costs import count_flops
 from cemlib.train.optim import make_optimizer
 from cemlib.train.results import environment_info, git_commit
 from outputs import RESULTS, add_output_arguments, announce, write_json
@@ -138,7 +138,7 @@ def run(keys, rounds: int, steps: int, warmup: int, threads: int, suite: str = "
                "model": dict(c.cfg.model), "median_step_s": statistics.median(c.times),
                "step_s_per_round": c.times, "tokens_per_s": c.tokens / statistics.median(c.times),
                "saved_activation_bytes": saved_activation_bytes(c.loss, exclude=list(c.model.parameters())),
-               "forward_flops_per_token": counted_flops(c.loss) / c.tokens}
+               "forward_flops_per_token": count_flops(c.loss) / c.tokens}
         for ref in ("llama", "gpt"):
             if ref in by:
                 ratios = [a / b for a, b in zip(tps, (by[ref].tokens / t for t in by[ref].times))]

@@ -92,25 +92,25 @@ def test_bench_model_builds_the_preset_at_any_width():
         bench_model("shakespeare", "hyperset")
 
 
-def test_counted_flops_counts_every_recurrent_step():
+def test_count_flops_counts_every_recurrent_step():
     from cemlib.train.registry import bench_model
-    from cemlib.train.flops import counted_flops
+    from cemlib.kernels.costs import count_flops
     model = bench_model("listops", "nrgpt")
     x = torch.zeros(2, 30, dtype=torch.long)
-    per_step = counted_flops(lambda: model(x))
+    per_step = count_flops(lambda: model(x))
     model.n_steps *= 2
-    head_and_rest = 2 * per_step - counted_flops(lambda: model(x))   # what does not repeat
+    head_and_rest = 2 * per_step - count_flops(lambda: model(x))   # what does not repeat
     assert 0 < head_and_rest < 0.2 * per_step
     with pytest.raises(TypeError):
-        counted_flops(3)
+        count_flops(3)
 
 
-def test_counted_flops_counts_cpu_attention_like_explicit_attention():
-    """PyTorch's counter misses the CPU kernel of scaled_dot_product_attention; counted_flops adds it,
+def test_count_flops_counts_cpu_attention_like_explicit_attention():
+    """PyTorch's counter misses the CPU kernel of scaled_dot_product_attention; count_flops adds it,
     with the count of the same attention written as two matrix products."""
     import torch.nn.functional as F
-    from cemlib.train.flops import counted_flops
+    from cemlib.kernels.costs import count_flops
     q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
-    sdpa = counted_flops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    explicit = counted_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+    sdpa = count_flops(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    explicit = count_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
     assert sdpa == explicit == 2 * 2 * (2 * 4 * 16 * 16 * 8)

@@ -107,11 +107,11 @@ def test_flops_per_token_equals_the_counted_matmuls(kwargs):
     """The formula against PyTorch's count of every matrix product of one forward pass (at the full
     context, as the formula assumes); the shared diagonal's value path is computed once for the head
     sum when there is no preconditioner, and counted so."""
-    from cemlib.train.flops import counted_flops
+    from cemlib.kernels.costs import count_flops
     cfg = small(context_length=16, n_heads=4, **kwargs)
     model = LanguageModel(cfg)
     idx = torch.zeros(2, 16, dtype=torch.long)
-    assert flops_per_token(cfg) == counted_flops(lambda: model(idx)) / idx.numel()
+    assert flops_per_token(cfg) == count_flops(lambda: model(idx)) / idx.numel()
 
 
 def test_config_roundtrip_and_defaults():

@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-__all__ = ["PEAK_BF16_TFLOPS", "stated_peak_tflops", "forward_flops_per_token", "counted_flops", "mfu",
+__all__ = ["PEAK_BF16_TFLOPS", "stated_peak_tflops", "forward_flops_per_token", "mfu",
            "measure_peak_flops"]
 
 # Dense bf16 peak, TFLOP/s, from the vendors' datasheets (sparsity excluded).
@@ -58,43 +58,6 @@ def forward_flops_per_token(model: nn.Module) -> tuple[float, str]:
             return float(flops_per_token(cfg)), "cemlib.models.params.flops_per_token"
     n = sum(p.numel() for p in model.parameters())
     return 2.0 * n, "2 x parameters (approximation)"
-
-
-def _cpu_sdpa_formulas() -> dict:
-    """PyTorch's flop counter knows the CUDA attention kernels but not the CPU one that
-    ``scaled_dot_product_attention`` dispatches to; count it with PyTorch's own SDPA formulas (the
-    full ``L x L`` score matrix, causal or not, as for every other attention product)."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
-    aten = torch.ops.aten
-    out = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        def forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
-            return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-        out[aten._scaled_dot_product_flash_attention_for_cpu] = forward
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        def backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
-            return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
-
-        out[aten._scaled_dot_product_flash_attention_for_cpu_backward] = backward
-    return out
-
-
-def counted_flops(fn) -> int:
-    """The matrix-product FLOPs of ``fn()`` as PyTorch counts them
-    (``torch.utils.flop_counter.FlopCounterMode``, run under ``no_grad``, with the CPU attention
-    kernel of ``scaled_dot_product_attention`` added): every matmul, batched matmul, einsum and
-    attention product, however the model shares its weights (a block iterated ``T`` times is
-    counted ``T`` times, which :func:`forward_flops_per_token`'s ``2 x parameters`` misses);
-    elementwise operations are not counted."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_formulas()) as counter:
-        fn()
-    return int(counter.get_total_flops())
 
 
 def mfu(forward_flops: float, tokens_per_s: float, peak_flops: float | None, n_devices: int = 1) -> float | None:

@@ -13,7 +13,7 @@ fitted to the H100 measurements in ``benchmarks/results/``::
   (counted on the CPU with a dispatch mode; they do not depend on the batch size), ``n_fwd_ops``
   those of one evaluation batch;
 - ``F_batch``: the matrix-product FLOPs of the forward pass of one global batch
-  (:func:`cemlib.train.flops.counted_flops`, which equals
+  (:func:`cemlib.kernels.costs.count_flops`, which equals
   :func:`cemlib.models.params.flops_per_token` for the language models), times 3 for forward and
   backward;
 - ``peak``: the vendor's dense bf16 rate (989 TFLOP/s for the H100 SXM,
@@ -43,16 +43,16 @@ import json
 import math
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from cemlib.kernels.costs import count_flops
+from cemlib.kernels.launches import count_operators
 from cemlib.train.config import ExperimentConfig, micro_batch_size
-from cemlib.train.flops import PEAK_BF16_TFLOPS, counted_flops
+from cemlib.train.flops import PEAK_BF16_TFLOPS
 
 __all__ = ["Family", "FAMILIES", "TRAINER_STEP_S", "STARTUP_S", "H100_PEAK_TFLOPS", "StepCounts",
            "Estimate", "fingerprint", "count_ops", "count_step", "estimate", "load_counts",
@@ -112,22 +112,10 @@ def fingerprint(cfg: ExperimentConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class _OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def count_ops(fn) -> int:
     """The number of ATen operations ``fn()`` dispatches (views and in-place updates included: each
-    costs a dispatch on the host)."""
-    with _OpCounter() as counter:
-        fn()
-    return sum(counter.ops.values())
+    costs a dispatch on the host): :func:`cemlib.kernels.launches.count_operators`."""
+    return count_operators(fn)
 
 
 @dataclass(frozen=True)
@@ -206,7 +194,7 @@ def count_step(cfg: ExperimentConfig, probe_examples: int = 2, task_cache: dict 
     micro = micro_batch_size(cfg.train, 1)
     batch = tuple(t[:probe_examples] for t in task.train.micro_batch(0, cfg.train.batch_size, 0, micro))
     k = batch[0].shape[0]
-    flops = counted_flops(lambda: task.loss(model, batch)) / k
+    flops = count_flops(lambda: task.loss(model, batch)) / k
 
     def train_pass():
         task.loss(model, batch).backward()
