@@ -153,7 +153,8 @@ def elastic_free_energy_hessian(z, h, W, T, mask=None) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- inner-product F~*
 def inner_free_energy(z, h, W, T, mask=None) -> torch.Tensor:
-    """Proof of Theorem 1: ``F~*(z) = -T log sum_i exp(z^T W h_i / T)``.
+    """The inner-product free energy of Theorem 1 and its proof (the intrinsic-optimizers paper):
+``F~*(z) = -T log sum_i exp(z^T W h_i / T)``.
 
     On the sphere ``||z|| = ||W h_i|| = rho`` it equals ``F* - rho^2``."""
     mask = check_particles(z, h, mask, W)

@@ -270,7 +270,8 @@ def _check_ff2(g, W1, W2):
 
 
 def ff2_energy(g, W1, W2, act="gelu", b1=None, b2=None):
-    """The authors' two-layer energy (``GradFeedForward_2Lay``, model ``NRGPT_H_FF2``):
+    """The authors' two-layer energy (``GradFeedForward_2Lay``, model ``NRGPT_H_FF2``; the FF2 variant
+of the authors' code, a two-layer form of the feed-forward energy of NRGPT eq. 14):
     ``E^FF_A = -||sigma(W2 sigma(W1 g_A + b1) + b2)||^2`` with ``W1`` (D1, D), ``W2`` (M, D1); the
     authors use ``D1 = D``, ``M = 4D`` and biases."""
     _check_ff2(g, W1, W2)

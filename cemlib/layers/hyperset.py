@@ -82,7 +82,9 @@ def qkv_update(kind: str, Q, K, V, beta=None):
 
 
 class SubspaceAttention(EnergyLayer):
-    """Symmetric tied attention over ``H`` subspaces ``W_h (d, p)``; ``kind`` picks the energy.
+    """Symmetric tied attention over ``H`` subspaces ``W_h (d, p)``: a step on the attention energy
+(Hyper-SET eq. 3, the update of eq. 7 with the RMSNorm constraint of eqs. 8-9); ``kind`` picks the
+energy (Table 4's variants).
 
     ``forward(x, alpha=1.0, W=None)`` returns the **stepped tokens** ``x + alpha * direction``
     (..., N, d), not an update; the projections are RMS-normalised inside (``normalize``). It
@@ -174,7 +176,8 @@ class BiSoftmaxAttention(SubspaceAttention):
 
 
 class TiedFeedForward(EnergyLayer):
-    """Tied feed-forward ``x - gamma * D [grad_U E](RMSNorm(D^T x))``; ``kind`` picks the energy.
+    """Tied feed-forward ``x - gamma * D [grad_U E](RMSNorm(D^T x))``: a step on the feed-forward
+energy (Hyper-SET eq. 5, the update of eqs. 10-11); ``kind`` picks the energy (Table 4's variants).
 
     ``forward(x, gamma=1.0, D=None)`` returns the **stepped tokens** ``x + gamma * direction``
     (..., N, d), not an update, with the hidden layer RMS-normalised inside. It replaces a whole

@@ -1,11 +1,12 @@
-"""Every public layer and model says what ``forward`` returns and how to use it in a pre-norm block,
-and documents its constructor options (issue "cemlib as a tool people use", item 9).
+"""What each public layer's ``forward`` returns, checked on the layer itself, and that every energy
+layer and energy function cites the equation it implements.
 
-Before: ``CEMMLP`` returned input + update and normalised itself, but its docstring did not say so,
-so the usual ``x + mlp(ln(x))`` ran and trained a different model; constructor options were
-undocumented. The docstrings now say it, and the tables below check each claim on the layer itself:
-a *stream* layer with its weights set to zero (or a zero step) returns its input unchanged (it
-returns input + update), a *branch* layer returns zero (it returns the update only).
+A *stream* layer (CEM attention, the CEM MLP, NRGPT's block, Hyper-SET's steps, ...) returns
+input + update, so it is used as ``x = layer(x)``; with its weights set to zero (or a zero step) it
+returns its input unchanged. A *branch* layer (Llama attention, SwiGLU, GPT's sublayers) returns
+the update only (``x = x + layer(norm(x))``) and returns zero. A step on a free energy returns the
+stepped state. Using a stream layer as a branch trains a different model, which the CEM MLP test
+shows.
 """
 
 import inspect
@@ -23,41 +24,30 @@ from cemlib.layers.reuse import IncrementDropout
 D = 8
 
 
-def _classes():
+_CITES = re.compile(r"\beqs?\.|equation|Algorithm|Table|§|Appendix|App\.|:cite:|Definition|Prop|Theorem|Lemma", re.I)
+
+
+def _energy_layers():
+    return [getattr(L, n) for n in L.__all__ if inspect.isclass(getattr(L, n)) and getattr(L, n) is not L.EnergyLayer
+            and callable(getattr(getattr(L, n), "energy", None))]
+
+
+def _energy_functions():
+    import importlib
+    import pkgutil
+
+    import cemlib.energies as E
     out = []
-    for mod in (L, M):
-        for name in mod.__all__:
-            obj = getattr(mod, name)
-            if inspect.isclass(obj) and name not in ("GenerationMixin", "DepthEnergies"):
-                out.append(obj)
+    for info in pkgutil.iter_modules(E.__path__):
+        mod = importlib.import_module(f"cemlib.energies.{info.name}")
+        out += [getattr(mod, n) for n in getattr(mod, "__all__", []) if n.endswith("energy")
+                and inspect.isfunction(getattr(mod, n))]
     return out
 
 
-def _init_owner(cls):
-    """The class in ``cls``'s MRO whose ``__init__`` ``cls`` uses (its options are documented there)."""
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass) or "__dataclass_fields__" in vars(klass):
-            return klass
-    return cls
-
-
-def _options(cls) -> list[str]:
-    params = inspect.signature(cls.__init__).parameters
-    return [n for n, p in params.items() if n != "self"
-            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-
-
-@pytest.mark.parametrize("cls", _classes(), ids=lambda c: c.__name__)
-def test_constructor_options_are_documented(cls):
-    doc = (inspect.getdoc(cls) or "") + (inspect.getdoc(_init_owner(cls)) or "")
-    missing = [n for n in _options(cls) if not re.search(rf"``{n}``|:param {n}:", doc)]
-    assert not missing, f"{cls.__name__}: options not documented: {missing}"
-
-
-@pytest.mark.parametrize("cls", [c for c in _classes() if issubclass(c, torch.nn.Module)],
-                         ids=lambda c: c.__name__)
-def test_docstring_says_what_forward_returns(cls):
-    assert "forward" in (inspect.getdoc(cls) or ""), cls.__name__
+@pytest.mark.parametrize("obj", _energy_layers() + _energy_functions(), ids=lambda o: o.__qualname__)
+def test_every_energy_cites_the_equation_it_implements(obj):
+    assert _CITES.search(inspect.getdoc(obj) or ""), f"{obj.__module__}.{obj.__qualname__}: cite its equation"
 
 
 def _zero(module):
@@ -111,8 +101,6 @@ def test_stream_layers_return_input_plus_update(name):
     layer = _zero(STREAM[name]()).double().eval()
     x = torch.randn(2, 5, D, dtype=torch.float64)
     torch.testing.assert_close(layer(x), x, rtol=0, atol=1e-12)
-    doc = inspect.getdoc(type(layer))
-    assert re.search(r"``x = \w+\(x", doc), f"{name}: the docstring must show ``x = layer(x)``"
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -120,7 +108,6 @@ def test_free_energy_steps_return_the_stepped_state(name):
     layer = _zero(STEPS[name]()).double() if name != "MHA2nd" else STEPS[name]().double()
     z = torch.randn(2, 5, D, dtype=torch.float64)
     torch.testing.assert_close(layer(z, z.unsqueeze(-3)), z, rtol=0, atol=1e-12)
-    assert "x = x + (step(g, g.unsqueeze(-3), causal) - g)" in inspect.getdoc(type(layer)), name
 
 
 @pytest.mark.parametrize("name", sorted(BRANCH))
@@ -128,14 +115,6 @@ def test_branch_layers_return_the_update_only(name):
     layer = _zero(BRANCH[name]()).double()
     x = torch.randn(2, 5, D, dtype=torch.float64)
     assert torch.count_nonzero(layer(x)) == 0
-    assert re.search(r"``x = x \+ \w+\(\w+\(x\)\)``", inspect.getdoc(type(layer))), name
-
-
-@pytest.mark.parametrize("cls, right, wrong", [(L.CEMAttention, "x = attn(x)", "x = x + attn(norm(x))"),
-                                               (L.CEMMLP, "x = mlp(x)", "x = x + mlp(norm(x))")])
-def test_cem_layers_say_prominently_how_to_use_them(cls, right, wrong):
-    doc = inspect.getdoc(cls)
-    assert ".. important::" in doc and f"right: ``{right}``" in doc and f"wrong: ``{wrong}``" in doc
 
 
 def test_cem_mlp_is_the_pre_norm_tied_gated_mlp_its_docstring_writes(float64):
@@ -150,10 +129,10 @@ def test_cem_mlp_is_the_pre_norm_tied_gated_mlp_its_docstring_writes(float64):
 
 
 def test_the_api_reference_page_documents_every_public_layer_and_model():
-    page = (Path(__file__).resolve().parent.parent / "book" / "api.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "book" / "api.md").read_text()
     documented = set(re.findall(r"^\.\. auto(?:class|function|exception):: ([\w.]+)", page, re.M))
     short = {name.rsplit(".", 1)[1] for name in documented}
     public = {n for mod in (L, M) for n in mod.__all__ if inspect.isclass(getattr(mod, n))}
     assert public <= short, f"not on book/api.md: {sorted(public - short)}"
-    toc = (Path(__file__).resolve().parent.parent / "_toc.yml").read_text()
+    toc = (Path(__file__).resolve().parents[2] / "_toc.yml").read_text()
     assert "- file: book/api" in toc
