@@ -1,7 +1,8 @@
 """The ``cemlib`` command (installed by ``pip install``): one command, two subcommands.
 
 ``cemlib train ...`` is ``python -m cemlib.train ...`` (:func:`cemlib.train.cli.main`) and
-``cemlib generate ...`` is ``python -m cemlib.generate ...`` (:func:`cemlib.generate.main`); the
+``cemlib generate ...`` is ``python -m cemlib.generate ...`` (:func:`cemlib.generate.main`) and
+``cemlib export ...`` writes a run's weights as safetensors (:func:`cemlib.train.export.main`); the
 arguments after the subcommand are passed on unchanged, and so is the exit status.
 """
 
@@ -17,9 +18,10 @@ __all__ = ["main", "COMMANDS"]
 COMMANDS = {
     "train": ("cemlib.train.cli", "train a named experiment and preset, or a grid of them"),
     "generate": ("cemlib.generate", "sample text from a trained language model's checkpoint"),
+    "export": ("cemlib.train.export", "write a trained run's weights as safetensors (model.safetensors)"),
 }
 
-USAGE = """usage: cemlib {train,generate} [ARGS ...]
+USAGE = """usage: cemlib {train,generate,export} [ARGS ...]
        cemlib --help | --version
 
 Energy-based Transformer layers: train the book's experiments and sample from the models.
@@ -27,7 +29,7 @@ Energy-based Transformer layers: train the book's experiments and sample from th
 commands:
 %s
 
-Each command has its own --help (cemlib train --help, cemlib generate --help).
+Each command has its own --help (cemlib train --help, cemlib generate --help, cemlib export --help).
 `python -m cemlib.train` and `python -m cemlib.generate` are the same commands.
 
 examples:
@@ -37,6 +39,7 @@ examples:
   cemlib train --experiment shakespeare-llama --preset cpu --set data.path=my_text.txt
   cemlib generate --checkpoint RUN_FOLDER --prompt "ROMEO:" --max-new-tokens 200 \
       --temperature 0.8 --top-k 40 --seed 0
+  cemlib export RUN_FOLDER                                 # its weights as RUN_FOLDER/model.safetensors
 
 A run writes results.json (config, metrics, curves, device, the command that reproduces it) and
 its checkpoints into one folder, by default under runs/ (named by the experiment, the preset and

@@ -6,14 +6,25 @@ checkpoint has to save is therefore one integer (the number of optimiser steps t
 run sees exactly the batches an uninterrupted one would, and a DDP run can cut the *same* global
 batch into per-process micro-batches, so it matches a single-process run with the same global
 batch.
+
+For a model built in Python, :func:`text_batches` is nanoGPT's ``get_batch`` without writing it:
+a text file (or the shipped tiny Shakespeare) as train and validation :class:`TokenBatches` and
+the tokenizer that decodes them::
+
+    data = text_batches("my_text.txt", context_length=64)
+    for step in range(1000):
+        x, y = data.train.batch(step, batch_size=32)       # [32, 64] inputs and next-token targets
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-__all__ = ["TokenBatches", "DataMismatchError"]
+__all__ = ["TokenBatches", "DataMismatchError", "TextBatches", "text_batches"]
 
 
 class DataMismatchError(RuntimeError):
@@ -75,3 +86,29 @@ class TokenBatches:
             if state.get(key) != value:
                 raise DataMismatchError(f"checkpoint data {key} = {state.get(key)!r} but the current "
                                         f"{self.name} stream has {key} = {value!r}")
+
+
+@dataclass
+class TextBatches:
+    """What :func:`text_batches` returns: ``train`` and ``val`` batch sources and the
+    ``tokenizer`` (:class:`~cemlib.data.shakespeare.CharTokenizer`) that encodes and decodes them."""
+
+    train: TokenBatches
+    val: TokenBatches
+    tokenizer: object
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+
+def text_batches(path=None, context_length: int = 128, val_fraction: float = 0.1, seed: int = 0) -> TextBatches:
+    """A UTF-8 text file (``.gz`` too; ``None``: the tiny Shakespeare shipped with cemlib) as
+    character-level training and validation batches: the first ``1 - val_fraction`` of the text
+    trains, the rest validates (the split of :func:`cemlib.data.shakespeare.load_shakespeare`).
+    ``train.batch(n, batch_size)`` is the ``n``-th batch of random windows (a pure function of
+    ``seed`` and ``n``; the validation windows are drawn with ``seed + 2``, as the trainer does)."""
+    from cemlib.data.shakespeare import load_shakespeare
+    s = load_shakespeare(val_fraction=val_fraction, path=path)
+    return TextBatches(TokenBatches(s.train, context_length, seed=seed, name="train"),
+                       TokenBatches(s.val, context_length, seed=seed + 2, name="val"), s.tokenizer)

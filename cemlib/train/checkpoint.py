@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "rng_state",
+__all__ = ["FORMAT", "RESUMABLE_CHANGES", "CheckpointError", "save_checkpoint", "load_checkpoint", "rng_state",
            "set_rng_state", "check_model_state", "config_differences", "payload_checksum",
            "atomic_write_bytes", "remove_stale_tmp", "tmp_name"]
 
@@ -220,9 +220,12 @@ def check_model_state(model_state: dict, expected: dict, source: str) -> None:
         raise CheckpointError(f"checkpoint {source!r} does not match the model: " + "; ".join(problems))
 
 
-# Fields that may change between a run and its resumption without changing the training path.
-RESUMABLE_CHANGES = {"train.device", "train.compile", "train.compile_mode", "train.checkpoint_interval", "train.final_whole_eval", "train.eval_interval",
-                     "train.eval_batches", "train.log_interval", "train.peak_tflops"}
+#: fields a resumed run may change (device, compilation, evaluation, logging, checkpoints, early
+#: stopping): they leave the training path up to the step resumed from as it was
+RESUMABLE_CHANGES = frozenset({"train.device", "train.compile", "train.compile_mode", "train.checkpoint_interval",
+                               "train.final_whole_eval", "train.eval_interval", "train.eval_batches",
+                               "train.log_interval", "train.peak_tflops", "train.keep_checkpoints",
+                               "train.patience"})
 
 
 def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:

@@ -1,18 +1,29 @@
-"""Command line: ``python -m cemlib.train --experiment shakespeare-llama --preset cpu``.
+"""Command line: ``cemlib train --experiment shakespeare-llama --preset cpu`` (or ``python -m cemlib.train``).
 
 The same command runs under ``torchrun --standalone --nproc_per_node=N -m cemlib.train ...``
 (DDP; ``--strategy fsdp`` to shard). ``--set section.field=value`` overrides any config field,
 e.g. ``--set train.max_steps=200 --set model.d_model=128``; ``--config FILE`` starts from a JSON
-config (what ``--print-config`` prints); ``--list`` prints the experiments and presets. Every
-config section (model, task, data, optim, train) is validated before any data loads.
+config (what ``--print-config`` prints; a key no config has is refused); ``--list`` prints the
+experiments and presets with how long each takes (the stored runs' wall time, where there is one);
+``--estimate`` measures a step of the configuration on this machine and prints how long the run
+would take. Every config section (model, task, data, optim, train) is validated before any data
+loads. A ``gpu`` preset started on a CPU prints a warning with the measured estimate first.
 
 Output: ``--out`` (default ``runs/<experiment>-<preset>-<run id>``, the run id a hash of the
 resolved config, so a changed ``--set`` or ``--preset`` is a new folder) receives ``results.json``,
-checkpoints (``ckpt_<step>.pt``, ``last.pt``, ``best.pt`` at the best evaluation), and the metric
-logs ``train_log.csv`` / ``eval_log.csv`` (``--log tensorboard`` adds TensorBoard files when the
-package is installed). A folder that holds another run is refused (``--overwrite`` replaces it).
-``--resume FOLDER_OR_CHECKPOINT`` alone continues a run: the config comes from the checkpoint and
-the results go to the same folder.
+checkpoints (the newest ``train.keep_checkpoints`` = 2 ``ckpt_<step>.pt``, ``last.pt`` at the end,
+``best.pt`` at the best evaluation), and the metric logs ``train_log.csv`` / ``eval_log.csv``
+(``--log tensorboard`` adds TensorBoard files: ``pip install cemlib[tensorboard]``). A run on a file
+of one's own (``--set data.path=my_text.txt``) has the file's name in its folder's name. A folder
+that holds another run is refused (``--overwrite`` replaces it). ``--resume FOLDER_OR_CHECKPOINT``
+alone continues a run: the config comes from the checkpoint and the results go to the same folder;
+``--set`` may change only the evaluation, logging, checkpoint and early-stopping fields then, and
+``--overwrite`` is refused with it (it would delete what is resumed). A finished run says so.
+
+Schedules and early stopping: ``--set optim.schedule=linear`` (or ``constant``; default
+``cosine``), each after the warm-up ``optim.warmup_steps`` (or ``optim.warmup_fraction`` of the
+steps when ``warmup_steps`` is none); ``--set train.patience=3`` stops after 3 evaluations without
+a better primary metric.
 
 Grids: ``--seeds 0,1,2`` and/or ``--grid task.kernel=rbf,matern`` (repeatable) run every
 experiment given (``--experiment`` may be repeated) x grid x seeds, e.g.
@@ -21,8 +32,10 @@ experiment given (``--experiment`` may be repeated) x grid x seeds, e.g.
 ``--max-runs``, default 1000, is refused); each run gets its own folder ``<out>/<run>/`` and
 results file ``<out>/<run>.json``, named by experiment, grid values, seed, preset and run id; a run
 already stored there with the same resolved config is skipped (and said so), an unfinished one
-resumes; ``summary.md`` / ``summary.json`` hold mean ± std over seeds. A run that diverges is
-recorded as failed and the grid goes on. ``--print-config`` prints every run's config.
+resumes; ``summary.md`` / ``summary.json`` hold, for each grid run into the folder, the mean and
+sample std over seeds (the primary metric first, final and best values, the seeds' values), the
+preset and the ``--set`` values common to the grid. A run that diverges is recorded as failed and
+the grid goes on. ``--print-config`` prints every run's config.
 
 Threads: torch uses one thread per core. On a CPU busy with other work a small model can train
 many times faster with ``--threads 1``; the run prints a note when the machine looks busy.
@@ -40,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -50,15 +64,17 @@ _T_IMPORT = time.time()
 
 import torch  # noqa: E402
 
-from cemlib.train.registry import EXPERIMENTS, get_config, model_fields, preset_overrides, reproduce_command
+from cemlib.train.registry import (EXPERIMENTS, check_experiment, get_config, model_fields, preset_overrides,
+                                   reproduce_command)
 from cemlib.train.run import run_config
 from cemlib.train.batches import DataMismatchError
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint
-from cemlib.train.config import ConfigError, ExperimentConfig
-from cemlib.train.folders import RunFolderError, default_out_dir, resolve_checkpoint
+from cemlib.train.config import ConfigError, ExperimentConfig, check_keys
+from cemlib.train.folders import RunFolderError, default_out_dir, folder_run, resolve_checkpoint
 from cemlib.train.grid import grid_size, grid_sweep, plan_grid
 from cemlib.train.results import ResultsError, read_json
 from cemlib.train.tasks import TaskDataError
+from cemlib.train.estimate import duration
 from cemlib.train.trainer import TrainingInterrupted
 
 
@@ -103,11 +119,13 @@ def _user_errors() -> tuple[type, ...]:
             UnicodeDecodeError)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (see the module docstring); returns the exit status."""
+def main(argv: list[str] | None = None, prog: str = "cemlib train") -> int:
+    """The command line (see the module docstring); returns the exit status. ``prog`` is the
+    command's name in ``--help`` and in the commands it prints."""
     started_at, started_from = _process_start()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(argv, started_at, started_from)
+        return _main(argv, started_at, started_from, prog)
     except _user_errors() as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
@@ -116,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:
         if isinstance(err, TrainingInterrupted):
-            print(f"interrupted: {err}", file=sys.stderr)
+            print(f"interrupted: {_whole_commands(str(err), argv)}", file=sys.stderr)
             return 128 + err.signum
         print("interrupted outside a training step (loading data, or writing a file): nothing more was "
               "saved; files already written are intact, and a checkpoint among them can be resumed with "
@@ -131,8 +149,24 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cemlib.train", description=__doc__.split("\n\n", 1)[1],
+def _whole_commands(message: str, argv: list[str]) -> str:
+    """The interrupt message with the commands that continue whole: ``--threads`` added to
+    ``cemlib train --resume FOLDER`` where it was given, and a grid's own command spelled out."""
+    import shlex
+    threads = None
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            threads = argv[i + 1]
+        elif a.startswith("--threads="):
+            threads = a.split("=", 1)[1]
+    if threads is not None:
+        message = re.sub(r"(cemlib train --resume (?:'[^']*'|\S+))", rf"\1 --threads {threads}", message)
+    return message.replace("the same command continues the grid", f"the same command continues the grid: "
+                           f"cemlib train {shlex.join(argv)}")
+
+
+def _parser(prog: str = "cemlib train") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[1],
                                 epilog=_model_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", action="append", help="experiment name (see --list); repeat for a grid")
     p.add_argument("--preset", help="preset name, e.g. cpu or gpu (default: cpu, or the --config file's)")
@@ -158,7 +192,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="a grid axis: one run per value; may be repeated")
     p.add_argument("--max-runs", type=int, default=1000, metavar="N",
                    help="refuse a grid of more runs (default: 1000)")
-    p.add_argument("--list", action="store_true", help="list experiments and presets, then exit")
+    p.add_argument("--list", action="store_true", help="list experiments and presets (with how long each takes "
+                                                       "where a stored run says), then exit")
+    p.add_argument("--estimate", action="store_true", help="measure a step of the configuration on this machine, "
+                                                           "print how long the run would take, then exit")
     p.add_argument("--print-config", action="store_true", help="print the resolved config (a grid: every "
                                                                "run's), then exit")
     return p
@@ -197,8 +234,8 @@ def _parse_grid(axes: list[str]) -> dict[str, list[str]]:
 def _config_file(path: str, preset: str | None):
     """``(experiment, preset, overrides)`` of a ``--config`` JSON file, validated."""
     d = read_json(Path(path), f"--config {path}", ConfigError)
-    if not isinstance(d, dict):
-        raise ConfigError(f"--config {path}: expected a JSON object (what --print-config prints)")
+    check_keys(d, f"--config {path}")
+    check_experiment(d["experiment"])
     cfg = ExperimentConfig.from_dict(d)
     if preset is not None and preset != cfg.preset:
         raise ConfigError(f"--config {path} is of preset {cfg.preset!r}; do not give --preset {preset}")
@@ -219,13 +256,28 @@ def _from_checkpoint(resume: str):
     return cfg.experiment, cfg.preset, preset_overrides(cfg), ck, payload
 
 
-def _main(argv: list[str] | None, started_at: float, started_from: str) -> int:
-    p = _parser()
+def _list() -> None:
+    """``--list``: every experiment, its presets, how long each takes and its caveats."""
+    from cemlib.train.estimate import stored_estimate
+    for name, exp in sorted(EXPERIMENTS.items()):
+        print(f"{name:32s} presets: {', '.join(sorted(exp.presets))}  -- {exp.description}")
+        for preset, cfg in sorted(exp.presets.items()):
+            found = [e.text() for e in (stored_estimate(cfg, "cpu"), stored_estimate(cfg, "cuda")) if e]
+            time_text = "; ".join(found) if found else "no stored run (--estimate measures it here)"
+            print(f"    {preset}: {time_text}")
+            if preset in exp.caveats:
+                print(f"    {preset}: note: {exp.caveats[preset]}")
+
+
+def _main(argv: list[str], started_at: float, started_from: str, prog: str = "cemlib train") -> int:
+    p = _parser(prog)
     args = p.parse_args(argv)
     if args.list:
-        for name, exp in sorted(EXPERIMENTS.items()):
-            print(f"{name:32s} presets: {', '.join(sorted(exp.presets))}  -- {exp.description}")
+        _list()
         return 0
+    if args.resume and args.overwrite:
+        raise ConfigError(f"--resume {args.resume} with --overwrite would delete the checkpoint being resumed; "
+                          f"drop --overwrite to continue the run, or drop --resume to train it again from the start")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"--threads must be a positive integer, got {args.threads}")
@@ -264,6 +316,8 @@ def _main(argv: list[str] | None, started_at: float, started_from: str) -> int:
 
 
 def _grid(args, experiments, preset, grid, seeds, overrides) -> int:
+    if args.estimate:
+        raise ConfigError("--estimate measures one run; give one --experiment without --seeds or --grid")
     if args.resume:
         raise ConfigError("--resume continues one run; to continue a grid, run the same grid command "
                           "again (finished runs are skipped, unfinished ones resume)")
@@ -282,7 +336,8 @@ def _grid(args, experiments, preset, grid, seeds, overrides) -> int:
                       log=tuple(args.log))
     if int(os.environ.get("RANK", "0")) != 0:
         return 1 if rows.failed else 0
-    print((Path(out) / "summary.md").read_text())
+    print(rows.markdown)
+    print(f"(this grid's summary is section 'grid {rows.id}' of {Path(out) / 'summary.md'} and summary.json)")
     if rows.failed:
         print(f"error: {len(rows.failed)} of the grid's runs failed (listed in {Path(out) / 'summary.md'})",
               file=sys.stderr)
@@ -296,7 +351,10 @@ def _single(args, experiment, preset, overrides, checkpoint, payload, started_at
     if args.print_config:
         for note in dict.fromkeys(notes):
             print(f"note: {note}", file=sys.stderr)
-        print(json.dumps(cfg.to_dict(), indent=1))
+        print(json.dumps(printed_config(cfg), indent=1))
+        return 0
+    if args.estimate:
+        _estimate(cfg)
         return 0
     resume = checkpoint
     if args.resume and resume is None:
@@ -304,9 +362,16 @@ def _single(args, experiment, preset, overrides, checkpoint, payload, started_at
     run = (payload or {}).get("run") or {}
     if resume is not None:
         out = Path(args.out) if args.out else resume.parent
-        step = payload["step"] if payload is not None else None
-        if step is None:
-            step = load_checkpoint(resume)["step"]
+        if payload is None:
+            payload = load_checkpoint(resume)
+        step = int(payload["step"])
+        finished = _finished(payload, cfg, out)
+        if finished:
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"{experiment} ({preset}) in {out} already finished: {finished}; nothing to train (results "
+                      f"in {out / 'results.json'}; a longer run is a new run: --set train.max_steps=N without "
+                      f"--resume)", file=sys.stderr)
+            return 0
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"resuming {experiment} ({preset}) from step {step}/{cfg.train.max_steps} ({resume}) in {out}",
                   file=sys.stderr)
@@ -328,6 +393,47 @@ def _single(args, experiment, preset, overrides, checkpoint, payload, started_at
     return 0
 
 
+def printed_config(cfg: ExperimentConfig) -> dict:
+    """The config as ``--print-config`` prints it: one warm-up option, the one that is used
+    (``optim.warmup_fraction`` is left out where ``optim.warmup_steps`` is set and the fraction is
+    at its default, so the printed file reads back as the same config)."""
+    d = cfg.to_dict()
+    if cfg.optim.warmup_steps is not None and cfg.optim.warmup_fraction == type(cfg.optim)().warmup_fraction:
+        d["optim"].pop("warmup_fraction")
+    return d
+
+
+def _finished(payload: dict, cfg: ExperimentConfig, out: Path) -> str | None:
+    """Why the run of ``payload`` needs no more training (``None`` if it does): it reached
+    ``train.max_steps`` (or stopped early) and its folder holds its complete results."""
+    stopped = payload.get("stopped_early")
+    done = int(payload["step"]) >= cfg.train.max_steps or (
+        stopped and stopped.get("patience") == cfg.train.patience)
+    held = folder_run(out) if done else None
+    if not held or held["status"] != "complete":
+        return None
+    if stopped:
+        return f"stopped early at step {payload['step']}/{cfg.train.max_steps} (train.patience={stopped['patience']})"
+    return f"step {payload['step']}/{cfg.train.max_steps}"
+
+
+def _estimate(cfg: ExperimentConfig) -> None:
+    """``--estimate``: the stored runs' time where there are some, and a step measured here."""
+    from cemlib.train.distributed import resolve_device
+    from cemlib.train.estimate import measured_estimate, stored_estimate
+    from cemlib.train.registry import build
+    device = resolve_device(cfg.train.device)
+    for kind in ("cpu", "cuda"):
+        found = stored_estimate(cfg, kind)
+        if found:
+            print(f"stored: {found.text()}")
+    model, task = build(cfg)
+    est = measured_estimate(model, task, cfg, device)
+    print(f"here: {est.text()}")
+    if est.first_eval_s is not None:
+        print(f"the first evaluation (step 0) alone: about {duration(est.first_eval_s)}")
+
+
 def _summary_line(res: dict, out: Path, results_path: Path) -> str:
     """The end-of-run line: the primary metric from first to last evaluation, its best value and
     step (one criterion, the task's), where the best weights are, speed and wall time."""
@@ -341,6 +447,12 @@ def _summary_line(res: dict, out: Path, results_path: Path) -> str:
     speed = (f"{m['tokens_per_s']:.0f} tokens/s" if res.get("task", {}).get("kind") == "language_modelling"
              else f"{m['examples_per_s']:.0f} examples/s")
     loss = "" if key == "val_loss" else f"; val loss {m['initial_val_loss']:.4f} -> {m['final_val_loss']:.4f}"
-    return (f"{key} {first:.4f} -> {last:.4f}, best {best.get('value', float('nan')):.4f} at step "
+    whole = m.get("final_whole_val") or {}
+    if "val_loss" in whole:  # the final model on every example / token of the validation split
+        whole_text = ", ".join(f"{k} {v:.4f}" for k, v in whole.items() if k == "val_loss" or k == key)
+        loss += f"; whole val split: {whole_text}"
+    stopped = m.get("stopped_early")
+    stop = f" (stopped early at step {stopped['step']})" if stopped else ""
+    return (f"{key} {first:.4f} -> {last:.4f}{stop}, best {best.get('value', float('nan')):.4f} at step "
             f"{best.get('step')}{where}{loss}; {speed}; MFU {mfu}; wall {m['wall_time_s']:.1f} s; "
             f"results in {results_path}")

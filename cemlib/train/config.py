@@ -7,21 +7,31 @@ character-level Shakespeare presets override beta_2 = 0.99 and a 100-step warm-u
 App. F.4 and nanoGPT's ``train_shakespeare_char``.
 
 Every config serialises to a JSON-compatible dict (``to_dict``) and back (``from_dict``), so a
-results file or a checkpoint carries the exact configuration of its run.
+results file or a checkpoint carries the exact configuration of its run. :func:`check_keys`
+refuses a dict (a ``--config`` file) with a key no config has, at any level, naming the known ones
+and the nearest (:func:`did_you_mean`).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import asdict, dataclass, field, fields
 
 __all__ = ["OptimConfig", "TrainConfig", "DataConfig", "ExperimentConfig", "ConfigError",
            "micro_batch_size", "apply_overrides", "resolve_precision", "PRECISIONS", "COMPILE_MODES",
-           "uses_cuda_graphs", "format_value"]
+           "uses_cuda_graphs", "format_value", "SCHEDULES", "did_you_mean", "check_keys", "SECTIONS"]
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid or inconsistent; the message names it."""
+
+
+def did_you_mean(name: str, known) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``known`` to a mistyped ``name`` (difflib),
+    or ``""`` when none is close."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _pos_int(value, name: str) -> None:
@@ -44,9 +54,11 @@ def _pos_float(value, name: str) -> None:
 class OptimConfig:
     """AdamW and its learning-rate schedule ([ICLR] Table 2 defaults).
 
-    ``warmup_steps=None`` means ``round(warmup_fraction * max_steps)``; the schedule decays by a
-    half cosine from ``lr`` to ``min_lr_ratio * lr`` at the last step. ``grad_clip=0`` disables
-    clipping (the gradient norm is still measured).
+    The warm-up is ``warmup_steps`` when it is set (then ``warmup_fraction`` is not used), else
+    ``round(warmup_fraction * max_steps)``. After it, ``schedule`` (:data:`SCHEDULES`) takes the
+    learning rate from ``lr`` to ``min_lr_ratio * lr`` at the last step: ``"cosine"`` (a half
+    cosine, the default), ``"linear"``, or ``"constant"`` (``lr`` throughout; ``min_lr_ratio`` is
+    not used). ``grad_clip=0`` disables clipping (the gradient norm is still measured).
     """
 
     lr: float = 2e-3
@@ -58,8 +70,12 @@ class OptimConfig:
     warmup_steps: int | None = None
     warmup_fraction: float = 0.05
     min_lr_ratio: float = 0.1
+    schedule: str = "cosine"
 
     def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+                              f"{did_you_mean(self.schedule, SCHEDULES)}")
         _pos_float(self.lr, "optim.lr")
         _pos_float(self.eps, "optim.eps")
         for name in ("beta1", "beta2"):
@@ -84,6 +100,16 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup_steps={w} must be smaller than train.max_steps={max_steps}")
         return w
 
+    def warmup_source(self) -> str:
+        """Which option sets the warm-up, in words (``"optim.warmup_steps=50"``)."""
+        if self.warmup_steps is not None:
+            return f"optim.warmup_steps={self.warmup_steps}"
+        return f"optim.warmup_fraction={self.warmup_fraction}"
+
+
+#: the learning-rate schedules after the warm-up (:class:`OptimConfig`, :mod:`cemlib.train.optim`)
+SCHEDULES = ("cosine", "linear", "constant")
+
 
 @dataclass
 class TrainConfig:
@@ -103,6 +129,10 @@ class TrainConfig:
     ``final_whole_eval`` evaluates the final model once more on the whole validation split
     (``metrics["final_whole_val"]``); turn it off where a forward pass is expensive (the Triton
     interpreter on a CPU, for instance).
+    ``keep_checkpoints``: how many periodic ``ckpt_<step>.pt`` a run keeps, the newest (``0``: all);
+    ``last.pt`` and ``best.pt`` are kept besides. ``patience``: early stopping; the run stops
+    when ``patience`` evaluations in a row have not improved the task's primary metric on the
+    validation split (``0``, the default: off).
     """
 
     max_steps: int = 1000
@@ -120,8 +150,12 @@ class TrainConfig:
     device: str | None = None
     peak_tflops: float | None = None
     final_whole_eval: bool = True
+    keep_checkpoints: int = 2
+    patience: int = 0
 
     def __post_init__(self):
+        _nonneg_int(self.keep_checkpoints, "train.keep_checkpoints")
+        _nonneg_int(self.patience, "train.patience")
         if not isinstance(self.final_whole_eval, bool):
             raise ConfigError(f"train.final_whole_eval must be true or false, got {self.final_whole_eval!r}")
         for name in ("max_steps", "batch_size", "grad_accum", "context_length", "eval_interval",
@@ -220,6 +254,15 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ExperimentConfig":
+        """The config a dict describes (a results file's may lack fields: they take their
+        defaults); a key no section has raises :class:`ConfigError` naming the known ones."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"not a valid experiment config dict: {type(d).__name__}")
+        for section, cls_ in _SECTION_CLASSES.items():
+            value = d.get(section, {})
+            if not isinstance(value, dict):
+                raise ConfigError(f"config section {section!r} must be an object of fields, got {value!r:.60}")
+            _check_fields(section, value, cls_)
         try:
             return cls(experiment=d["experiment"], preset=d["preset"], model=dict(d.get("model", {})),
                        task=dict(d.get("task", {})),
@@ -227,6 +270,48 @@ class ExperimentConfig:
                        train=TrainConfig(**d.get("train", {})))
         except (KeyError, TypeError) as err:
             raise ConfigError(f"not a valid experiment config dict: {err}") from None
+
+
+#: the sections of a config and what each holds (``model`` and ``task`` are free-form here: the
+#: experiment's model and the dataset check their names, see :mod:`cemlib.train.registry`)
+SECTIONS = ("experiment", "preset", "model", "task", "data", "optim", "train")
+_SECTION_CLASSES = {"data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+
+
+def _check_fields(section: str, value: dict, cls) -> None:
+    known = [f.name for f in fields(cls)]
+    for key in value:
+        if key not in known:
+            raise ConfigError(f"{section} has no field {key!r}{did_you_mean(key, known)}; known fields: "
+                              f"{', '.join(sorted(known))}")
+
+
+def check_keys(d: dict, what: str = "the config") -> None:
+    """Refuse a config dict with a key no config has, at any level: top-level keys other than
+    :data:`SECTIONS`, and fields the ``data``, ``optim`` and ``train`` sections do not have
+    (:class:`ConfigError` naming the key, the nearest known one and all known ones). ``model``
+    and ``task`` fields are checked against the experiment and dataset by
+    :func:`~cemlib.train.registry.get_config`."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what} must be a JSON object (what --print-config prints), got {type(d).__name__}")
+    for key in d:
+        if key not in SECTIONS:
+            raise ConfigError(f"{what} has an unknown key {key!r}{did_you_mean(key, SECTIONS)}; known keys: "
+                              f"{', '.join(SECTIONS)}")
+    for key in ("experiment", "preset"):
+        if key not in d:
+            raise ConfigError(f"{what} lacks {key!r} (a config names its experiment and preset)")
+    for section in ("model", "task"):
+        if not isinstance(d.get(section, {}), dict):
+            raise ConfigError(f"{what}: {section!r} must be an object of fields, got {d[section]!r:.60}")
+    for section, cls in _SECTION_CLASSES.items():
+        value = d.get(section, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"{what}: {section!r} must be an object of fields, got {value!r:.60}")
+        try:
+            _check_fields(section, value, cls)
+        except ConfigError as err:
+            raise ConfigError(f"{what}: {err}") from None
 
 
 def _parse_value(text: str):
@@ -278,14 +363,14 @@ def apply_overrides(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentCo
         if not sep or not dot or not name:
             raise ConfigError(f"override {item!r} must look like section.field=value")
         if section not in ("model", "task", "data", "optim", "train"):
-            raise ConfigError(f"override {item!r}: unknown section {section!r} "
+            raise ConfigError(f"override {item!r}: unknown section {section!r}"
+                              f"{did_you_mean(section, ('model', 'task', 'data', 'optim', 'train'))} "
                               f"(expected model, task, data, optim or train)")
         if section not in ("model", "task"):
-            known = {f.name for f in fields({"data": DataConfig, "optim": OptimConfig,
-                                             "train": TrainConfig}[section])}
+            known = {f.name for f in fields(_SECTION_CLASSES[section])}
             if name not in known:
-                raise ConfigError(f"override {item!r}: {section} has no field {name!r}; "
-                                  f"known fields: {', '.join(sorted(known))}")
+                raise ConfigError(f"override {item!r}: {section} has no field {name!r}"
+                                  f"{did_you_mean(name, known)}; known fields: {', '.join(sorted(known))}")
         value = _parse_value(raw.strip())
         if section == "optim" and name in ("lr", "eps", "weight_decay", "grad_clip", "beta1",
                                            "beta2", "warmup_fraction", "min_lr_ratio") \

@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cemlib.train.config import ConfigError
+from cemlib.train.config import ConfigError, did_you_mean
 from cemlib.train.batches import TokenBatches
 from cemlib.train.tasks import (IGNORE_INDEX, AnswerTask, ClassificationTask, LanguageModelTask,
                                 RegressionTask, Task, TaskDataError, TokenClassificationTask)
 
 __all__ = ["TASKS", "make_task", "split_off", "load_cifar10", "unused_fields", "check_data_config",
-           "recorded_config", "CIFAR10_RECORDS"]
+           "recorded_config", "CIFAR10_RECORDS", "data_label", "KINDS"]
 
 
 def split_off(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,6 +90,10 @@ def _shakespeare(cfg, *, train_chars: int | None = None) -> Task:
     try:  # own text is read without a checksum; the SHA-256 check applies to the shipped file only
         s = load_shakespeare(val_fraction=d.val_fraction, path=d.path)
     except ValueError as err:
+        if "cannot decompress" in str(err):
+            why = str(err).split("cannot decompress", 1)[1].strip(" ()")
+            raise TaskDataError(f"data.path={d.path!r} is a truncated or corrupted gzip file ({why}); replace it "
+                                f"with a complete copy, or give the uncompressed text") from None
         raise TaskDataError(f"data.path={d.path!r}: {err}") from None
     if train_chars is not None and train_chars > s.train.numel():
         raise ConfigError(f"task.train_chars={train_chars} exceeds the {s.train.numel()} characters of "
@@ -183,7 +187,13 @@ def _sudoku(cfg, *, loss_on: str = "all", n_train: int | None = None, n_test: in
     with the same solutions, :meth:`~cemlib.data.sudoku.SudokuDataset.with_blanks`)."""
     from cemlib.data.sudoku import SudokuSplits, load_sudoku
     _check_file_path(cfg.data, "a .npz in the layout of cemlib.data.sudoku.load_sudoku")
-    s = load_sudoku(cfg.data.path)  # the SHA-256 check applies to the shipped file only
+    try:
+        s = load_sudoku(cfg.data.path)  # the SHA-256 check applies to the shipped file only
+    except ValueError as err:
+        if cfg.data.path is None:
+            raise
+        raise TaskDataError(f"data.path={cfg.data.path!r} cannot be read as a Sudoku set: it is truncated or "
+                            f"corrupted, or not a .npz in the layout of cemlib.data.sudoku ({err})") from None
     if blanks is not None:
         if isinstance(blanks, bool) or not isinstance(blanks, int) or not 1 <= blanks <= 81:
             raise ConfigError(f"task.blanks must be an integer in 1..81, got {blanks!r}")
@@ -321,6 +331,11 @@ def _cifar10(cfg, *, patch_size: int = 4, val_fraction: float = 0.1, n_train: in
 
 TASKS = {"shakespeare": _shakespeare, "listops": _listops, "lis": _lis, "gp": _gp, "sudoku": _sudoku,
          "digits": _digits, "cifar10": _cifar10}
+#: the kind of task each dataset makes (:attr:`Task.kind`): a model built for one kind does not
+#: fit another
+KINDS = {"shakespeare": "language_modelling", "listops": "answer_prediction", "lis": "answer_prediction",
+         "gp": "regression", "sudoku": "token_classification", "digits": "classification",
+         "cifar10": "classification"}
 
 
 #: the config fields, besides ``data.name`` and ``task.*``, that each dataset reads
@@ -338,6 +353,14 @@ def unused_fields(name: str) -> tuple[str, ...]:
     cemlib does not know)."""
     reads = _READS.get(name)
     return () if reads is None else tuple(f for f in _OPTIONAL if f not in reads)
+
+
+def data_label(cfg) -> str:
+    """What a run trained on, in a word: the dataset's name (``"shakespeare"``), or the file or
+    folder a user gave (``data.path``), e.g. ``"my_text.txt"``."""
+    d = cfg["data"] if isinstance(cfg, dict) else cfg.data.__dict__
+    path = d.get("path")
+    return Path(path).name or str(path) if path else d.get("name", "data")
 
 
 def recorded_config(cfg) -> dict:
@@ -387,12 +410,13 @@ def check_data_config(cfg, base=None) -> None:
     change of ``data.name``, is merely unused)."""
     name = cfg.data.name
     if name not in TASKS:
-        raise ConfigError(f"unknown dataset data.name={name!r}; known: {', '.join(sorted(TASKS))}")
+        raise ConfigError(f"unknown dataset data.name={name!r}{did_you_mean(name, TASKS)}; known: "
+                          f"{', '.join(sorted(TASKS))}")
     params = {k: p for k, p in inspect.signature(TASKS[name]).parameters.items() if k != "cfg"}
     unknown = sorted(set(cfg.task) - set(params))
     if unknown:
-        raise ConfigError(f"task options {unknown} are not options of the {name!r} data; known: "
-                          f"{', '.join(params) or 'none'}")
+        raise ConfigError(f"task options {unknown} are not options of the {name!r} data"
+                          f"{did_you_mean(unknown[0], params)}; known: {', '.join(params) or 'none'}")
     for key, value in cfg.task.items():
         _check_option(key, value, params[key].annotation)
     for dotted in unused_fields(name) if base is not None else ():

@@ -33,13 +33,18 @@ class Experiment:
     ``model_fields(model_kwargs)``, if given, returns the names the ``model`` section may hold
     (they may depend on ``model.arch``), so that a misspelt ``model.*`` field fails before any data
     loads; ``None`` (the default) uses the builder's own ``build_model.model_fields`` attribute if
-    it has one, else skips that check."""
+    it has one, else skips that check.
+
+    ``caveats`` maps a preset to one sentence a user must know before running it (e.g. that it
+    does not learn at its budget): ``cemlib train --list`` shows it, and the run records it in its
+    results' ``notes``."""
 
     name: str
     description: str
     build_model: Callable[[dict, Task], nn.Module]
     presets: dict = field(default_factory=dict)
     model_fields: Callable[[dict], list[str] | None] | None = None
+    caveats: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ presets from assignments

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from cemlib.train.checkpoint import CheckpointError, load_checkpoint
+from cemlib.train.checkpoint import RESUMABLE_CHANGES, CheckpointError, load_checkpoint
 from cemlib.train.config import ConfigError, ExperimentConfig
 from cemlib.train.datasets import unused_fields
 from cemlib.train.results import ResultsError, load_results
@@ -45,11 +45,12 @@ __all__ = ["RunFolderError", "NON_IDENTITY_FIELDS", "LATER_FIELDS", "drop_later_
            "folder_run", "check_run_folder", "out_dir_lock", "LOCK_NAME", "name_max"]
 
 #: fields that change neither what a run trains nor what it measures
-NON_IDENTITY_FIELDS = ("train.checkpoint_interval", "train.log_interval", "train.peak_tflops")
+NON_IDENTITY_FIELDS = ("train.checkpoint_interval", "train.log_interval", "train.peak_tflops",
+                       "train.keep_checkpoints")
 #: fields added after runs were stored, with the value those runs had: at that value a field is
 #: left out of the identity, so that a run stored before it existed keeps its id and its folder
 #: (and resumes); any other value makes another run
-LATER_FIELDS = {"train.compile_mode": "default"}
+LATER_FIELDS = {"train.compile_mode": "default", "optim.schedule": "cosine", "train.patience": 0}
 LOCK_NAME = ".cemlib-lock"
 HOLDER_NAME = ".cemlib-lock.holder"
 _CKPT = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -129,9 +130,15 @@ def run_id(cfg) -> str:
 
 
 def default_out_dir(cfg) -> Path:
-    """``runs/<experiment>-<preset>-<run id>``: a changed ``--set`` or ``--preset`` is a new folder."""
+    """``runs/<experiment>-<preset>-<run id>``: a changed ``--set`` or ``--preset`` is a new folder.
+    A run on a file of one's own (``data.path``) carries the file's name too:
+    ``runs/shakespeare-llama-cpu-my_text-<run id>``."""
     d = _as_dict(cfg)
-    return Path("runs") / f"{d['experiment']}-{d['preset']}-{run_id(cfg)}"
+    data = ""
+    if d["data"].get("path"):
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(str(d["data"]["path"])).name.split(".")[0] or "data")
+        data = f"-{stem[:40]}"
+    return Path("runs") / f"{d['experiment']}-{d['preset']}{data}-{run_id(cfg)}"
 
 
 def name_max(folder: str | Path) -> int:
@@ -212,7 +219,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def folder_run(folder: str | Path) -> dict | None:
     """What a run folder holds: ``{"config", "status", "step", "source"}`` from its
-    ``results.json`` (else from its newest checkpoint), or ``None`` if neither can be read."""
+    ``results.json`` (else from its newest checkpoint, else from ``last_good.pt`` or ``best.pt``),
+    or ``None`` if none of them can be read."""
     folder = Path(folder)
     res = folder / "results.json"
     if res.is_file():
@@ -222,29 +230,41 @@ def folder_run(folder: str | Path) -> dict | None:
                     "step": r["metrics"].get("steps"), "source": res}
         except (ResultsError, KeyError, TypeError):
             pass
-    ck = newest_checkpoint(folder)
-    if ck is not None:
-        try:
-            p = load_checkpoint(ck)
-            return {"config": p["config"], "status": "checkpoint", "step": int(p["step"]), "source": ck}
-        except CheckpointError:
-            pass
+    for ck in (newest_checkpoint(folder), folder / "last_good.pt", folder / "best.pt"):
+        if ck is not None and ck.is_file():
+            try:
+                p = load_checkpoint(ck)
+                return {"config": p["config"], "status": "checkpoint", "step": int(p["step"]), "source": ck}
+            except CheckpointError:
+                pass
     return None
 
 
 def check_run_folder(folder: str | Path, cfg, *, resuming: bool = False, overwrite: bool = False,
-                     extra: tuple[Path, ...] = ()) -> list[Path]:
+                     extra: tuple[Path, ...] = (), resume_from: str | Path | None = None) -> list[Path]:
     """Make sure ``folder`` receives the run of ``cfg`` and nothing else is mixed in.
 
     An empty (or absent) folder, or one without run files, is fine. When ``resuming``, the folder
-    may hold the same run (and nothing else). Otherwise a folder that holds a run is refused with
-    :class:`RunFolderError`, unless ``overwrite``: then the run files (and ``extra``, e.g. a grid
-    run's results file) are deleted, and returned."""
+    may hold the same run, up to the fields a resumed run may change (:data:`RESUMABLE_CHANGES`),
+    and nothing else; where the folder's results and checkpoints cannot be read, the checkpoint
+    resumed from (``resume_from``) says what it holds. Otherwise a folder that holds a run is
+    refused with :class:`RunFolderError`, unless ``overwrite``: then the run files (and ``extra``,
+    e.g. a grid run's results file) are deleted, and returned. ``resuming`` with ``overwrite`` is
+    refused before anything is deleted (it would delete the checkpoint being resumed)."""
     folder = Path(folder)
+    if resuming and overwrite:
+        raise RunFolderError(f"--resume and --overwrite together would delete the checkpoint being resumed "
+                             f"in {folder}; drop --overwrite to continue the run, or drop --resume to "
+                             f"train it again from the start")
     found = run_artifacts(folder)
     if not found:
         return []
     held = folder_run(folder)
+    if held is None and resuming and resume_from is not None:
+        with contextlib.suppress(CheckpointError):
+            p = load_checkpoint(resume_from)
+            held = {"config": p["config"], "status": "checkpoint", "step": int(p["step"]),
+                    "source": Path(resume_from)}
     try:
         diffs = identity_differences(held["config"], cfg) if held else None
     except ConfigError:
@@ -256,9 +276,21 @@ def check_run_folder(folder: str | Path, cfg, *, resuming: bool = False, overwri
                 p.unlink()
                 removed.append(p)
         return removed
-    if resuming and diffs == []:
-        return []
     names = ", ".join(p.name for p in found[:6]) + (" ..." if len(found) > 6 else "")
+    if resuming:
+        if diffs is not None:
+            diffs = [d for d in diffs if d.split(":", 1)[0] not in RESUMABLE_CHANGES]
+        if diffs == []:
+            return []
+        if held is None:
+            raise RunFolderError(f"out_dir {folder} holds files of a run ({names}) whose configuration cannot "
+                                 f"be read, and so cannot be checked against the checkpoint resumed; resume "
+                                 f"into another --out")
+        shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+        raise RunFolderError(f"out_dir {folder} holds a run of another configuration than the one resumed "
+                             f"({shown}; the first value is the stored one); a resumed run may change only "
+                             f"{', '.join(sorted(RESUMABLE_CHANGES))}; leave out the --set that changes the rest, or "
+                             f"resume into another --out")
     if held is None:
         raise RunFolderError(f"out_dir {folder} holds files of an earlier run ({names}) whose configuration "
                              f"cannot be read; choose another --out, or --overwrite to replace them")

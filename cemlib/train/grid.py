@@ -23,8 +23,8 @@ import numpy as np
 
 from cemlib.train.config import ConfigError
 from cemlib.train.distributed import resolve_device
-from cemlib.train.folders import (folder_run, grid_stem, identity_differences, identity_key, name_max,
-                                  newest_checkpoint, out_dir_lock)
+from cemlib.train.folders import (RunFolderError, folder_run, grid_stem, identity_differences, identity_key,
+                                  name_max, newest_checkpoint, out_dir_lock)
 from cemlib.train.registry import get_config, reproduce_command
 from cemlib.train.results import ResultsError, load_results
 from cemlib.train.run import run_config
@@ -32,7 +32,8 @@ from cemlib.train.tasks import TaskDataError
 from cemlib.train.trainer import NonFiniteError, TrainingInterrupted, prepare_out_dir
 
 __all__ = ["grid_runs", "grid_size", "plan_grid", "GridRun", "GridRows", "grid_sweep",
-           "summarize_runs", "summary_markdown"]
+           "summarize_runs", "summary_markdown", "write_summary", "grid_id", "Spread", "metric_order",
+           "SUMMARY_SCHEMA"]
 
 def grid_runs(experiments, grid: dict | None = None, seeds=(0,)) -> list[tuple[str, list[str], int]]:
     """Every ``(experiment, overrides, seed)`` of ``experiments x product(grid) x seeds``.
@@ -47,40 +48,195 @@ def grid_runs(experiments, grid: dict | None = None, seeds=(0,)) -> list[tuple[s
             for e in experiments for combo in combos for s in seeds]
 
 
+class Spread(tuple):
+    """``(mean, std)`` over seeds, unpacked as a pair; ``std`` is the sample standard deviation
+    (``ddof=1``; 0 for one seed), ``n`` the number of seeds and ``values`` ``{seed: value}``."""
+
+    def __new__(cls, values: dict):
+        v = np.asarray(list(values.values()), dtype=float)
+        mean = float(v.mean()) if len(v) else math.nan
+        std = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+        out = super().__new__(cls, (mean, std))
+        out.n, out.values = len(v), dict(values)
+        return out
+
+    @property
+    def mean(self) -> float:
+        return self[0]
+
+    @property
+    def std(self) -> float:
+        return self[1]
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "n": self.n,
+                "per_seed": {str(k): v for k, v in self.values.items()}}
+
+
 def _mean_std(values: list[float]) -> tuple[float, float]:
-    v = np.asarray(values, dtype=float)
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+    return tuple(Spread(dict(enumerate(values))))
+
+
+def primary_of(results: list[dict]) -> tuple[str | None, str]:
+    """``(primary metric, "min" or "max")`` of a list of results (``metrics["best"]``)."""
+    for r in results:
+        best = r["metrics"].get("best") or {}
+        if best.get("metric"):
+            return best["metric"], best.get("mode", "min")
+        if r["metrics"].get("primary_metric"):
+            return r["metrics"]["primary_metric"], "min"
+    return None, "min"
+
+
+def metric_order(names, primary: str | None) -> list[str]:
+    """``names`` with the primary metric first, then the same metric on the other splits, then
+    the rest in alphabetical order."""
+    names = list(dict.fromkeys(names))
+    if primary is None or primary not in names:
+        return sorted(names)
+    base = primary.split("_", 1)[1] if "_" in primary else primary
+    same = sorted(n for n in names if n != primary and n.split("_", 1)[-1] == base)
+    return [primary, *same, *sorted(n for n in names if n != primary and n not in same)]
 
 
 def summarize_runs(results: list[dict], metrics=None) -> list[dict]:
-    """Group results by ``(experiment, overrides without the seed)``; mean and sample std over seeds
-    of every ``metrics["final"]`` entry (or of ``metrics`` if given), plus parameters and seeds."""
+    """Group results by ``(experiment, preset, grid overrides)``; over the seeds of each group, the
+    :class:`Spread` (mean, sample std, n, per-seed values) of every ``metrics["final"]`` entry (or
+    of ``metrics`` if given), and under ``"best"`` that of the best evaluation's primary metric,
+    besides parameters, seeds, device and wall time. Rows keep the order of first appearance."""
     groups: dict[tuple, list[dict]] = {}
     for r in results:
         key = (r["experiment"], r["preset"], tuple(r.get("sweep", {}).get("overrides", [])))
         groups.setdefault(key, []).append(r)
     rows = []
     for (exp, preset, overrides), rs in groups.items():
-        names = metrics or sorted(rs[0]["metrics"]["final"])
-        row = {"experiment": exp, "preset": preset, "overrides": list(overrides),
-               "seeds": [r["config"]["train"]["seed"] for r in rs], "num_parameters": rs[0]["num_parameters"],
-               "device": rs[0]["device"]["label"], "wall_time_s": _mean_std([r["metrics"]["wall_time_s"] for r in rs])[0]}
+        primary, mode = primary_of(rs)
+        names = metric_order(metrics or rs[0]["metrics"]["final"], primary)
+        seeds = [r["config"]["train"]["seed"] for r in rs]
+        row = {"experiment": exp, "preset": preset, "overrides": list(overrides), "seeds": seeds,
+               "num_parameters": rs[0]["num_parameters"], "device": rs[0]["device"]["label"],
+               "wall_time_s": _mean_std([r["metrics"]["wall_time_s"] for r in rs])[0],
+               "primary_metric": primary, "primary_mode": mode, "metrics": names}
         for m in names:
-            row[m] = _mean_std([r["metrics"]["final"][m] for r in rs])
+            row[m] = Spread({s: r["metrics"]["final"][m] for s, r in zip(seeds, rs)})
+        bests = {s: (r["metrics"].get("best") or {}) for s, r in zip(seeds, rs)}
+        if primary and all(b.get("value") is not None for b in bests.values()):
+            row["best"] = Spread({s: b["value"] for s, b in bests.items()})
+            row["best_steps"] = {str(s): b.get("step") for s, b in bests.items()}
         rows.append(row)
     return rows
 
 
-def summary_markdown(rows: list[dict], metrics) -> str:
-    """A Markdown table: experiment, overrides, params, seeds, ``mean ± std`` per metric."""
-    head = ["experiment", "overrides", "params", "seeds", *metrics]
+_STAT = ("mean ± sample standard deviation (ddof = 1) over the n seeds; final: the last evaluation; "
+         "best: the best evaluation by the primary metric")
+
+
+def summary_markdown(rows: list[dict], metrics=None) -> str:
+    """A Markdown table: experiment, grid values, params, n (seeds), the primary metric first and
+    marked (★, final and best), then the other metrics (final), each ``mean ± std``."""
+    if not rows:
+        return "no run of this grid completed\n"
+    primary = rows[0].get("primary_metric")
+    names = metric_order(metrics or rows[0].get("metrics") or [], primary)
+    has_best = all("best" in r for r in rows) and primary is not None
+    head = ["experiment", "grid values", "params", "n"]
+    cells_for = []
+    for m in names:
+        if m == primary:
+            head.append(f"★ {m} (final)")
+            if has_best:
+                head.append(f"★ {m} (best)")
+        else:
+            head.append(f"{m} (final)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["experiment"], " ".join(r["overrides"]) or "-", f"{r['num_parameters']:,}",
-                 str(len(r["seeds"]))]
-        cells += [f"{r[m][0]:.4g} ± {r[m][1]:.2g}" for m in metrics]
+        cells = [r["experiment"], " ".join(r["overrides"]) or "-", f"{r['num_parameters']:,}", str(len(r["seeds"]))]
+        for m in names:
+            cells.append(f"{r[m][0]:.4g} ± {r[m][1]:.2g}")
+            if m == primary and has_best:
+                cells.append(f"{r['best'][0]:.4g} ± {r['best'][1]:.2g}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    del cells_for
+    mode = rows[0].get("primary_mode", "min")
+    note = (f"\n★ primary metric: {primary} ({'lower' if mode == 'min' else 'higher'} is better). "
+            if primary else "\n")
+    return "\n".join(lines) + "\n" + note + _STAT + ".\n"
+
+
+def _row_json(row: dict) -> dict:
+    out = {k: row[k] for k in ("experiment", "preset", "overrides", "seeds", "num_parameters", "device",
+                              "wall_time_s", "primary_metric", "primary_mode")}
+    out["final"] = {m: row[m].to_dict() for m in row["metrics"]}
+    if "best" in row:
+        out["best"] = {row["primary_metric"]: {**row["best"].to_dict(), "step_per_seed": row["best_steps"]}}
+    return out
+
+
+SUMMARY_SCHEMA = "cemlib.train.grid-summary/2"
+
+
+def grid_id(experiments, preset, grid, seeds, overrides) -> str:
+    """8 hexadecimal digits naming a grid configuration (experiments, preset, axes, seeds and the
+    common overrides): one summary section per grid configuration."""
+    import hashlib
+    import json
+    text = json.dumps({"experiments": list(experiments), "preset": preset, "grid": {k: list(map(str, v)) for k, v in
+                       (grid or {}).items()}, "seeds": list(seeds), "overrides": list(overrides)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def write_summary(out, results: list[dict], failed: list[dict] = (), metrics=None, *, grid: dict | None = None,
+                  gid: str | None = None) -> tuple[list[dict], str]:
+    """Write this grid's summary into ``out/summary.json`` and ``out/summary.md`` beside the other
+    grid configurations' summaries in that folder (one section each, keyed by :func:`grid_id`;
+    rerunning a grid replaces its own section only). ``grid`` describes the grid (experiments,
+    preset, axes, seeds, common overrides), shown above its table. Returns ``(rows, markdown of
+    this grid's section)``."""
+    import json
+    from pathlib import Path
+    out = Path(out)
+    grid = dict(grid or {})
+    gid = gid or grid_id(grid.get("experiments", []), grid.get("preset"), grid.get("grid"), grid.get("seeds", []),
+                         grid.get("overrides", []))
+    rows = summarize_runs(results, metrics) if results else []
+    path_json, path_md = out / "summary.json", out / "summary.md"
+    sections: dict = {}
+    try:
+        old = json.loads(path_json.read_text()) if path_json.is_file() else None
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict) and old.get("schema") == SUMMARY_SCHEMA:
+        sections = dict(old.get("grids", {}))
+    elif old is not None:  # a summary written before grid ids: kept as it was
+        earlier_md = path_md.read_text() if path_md.is_file() else ""
+        sections["earlier"] = {"note": "written before summaries were kept per grid", "rows": old,
+                               "markdown": earlier_md}
+    title = _grid_title(grid, gid)
+    md = f"## {title}\n\n" + summary_markdown(rows, metrics)
+    if failed:
+        md += "\nFailed runs (not in the means above):\n\n" + "".join(f"- `{f['run']}`: {f['error']}\n" for f in failed)
+    sections[gid] = {**{k: grid.get(k) for k in ("experiments", "preset", "grid", "seeds", "overrides")},
+                     "statistic": _STAT, "rows": [_row_json(r) for r in rows],
+                     "failed": [{"status": "failed", **f} for f in failed], "markdown": md}
+    path_json.write_text(json.dumps({"schema": SUMMARY_SCHEMA, "grids": sections}, indent=1, default=list) + "\n")
+    path_md.write_text("# Grid summaries\n\nOne section per grid configuration run into this folder.\n\n"
+                       + "\n".join(sec["markdown"] for sec in sections.values()))
+    return rows, md
+
+
+def _grid_title(grid: dict, gid: str) -> str:
+    parts = [f"grid {gid}"]
+    if grid.get("experiments"):
+        parts.append("experiments " + ", ".join(grid["experiments"]))
+    if grid.get("preset"):
+        parts.append(f"preset {grid['preset']}")
+    if grid.get("grid"):
+        parts.append("axes " + "; ".join(f"{k} = {', '.join(map(str, v))}" for k, v in grid["grid"].items()))
+    if grid.get("seeds") is not None:
+        parts.append("seeds " + ", ".join(map(str, grid["seeds"])))
+    common = grid.get("overrides") or []
+    parts.append("common --set " + " ".join(common) if common else "no common --set")
+    return "; ".join(parts)
 
 
 def grid_size(experiments, grid: dict | None = None, seeds=(0,)) -> int:
@@ -103,11 +259,14 @@ class GridRun:
 
 class GridRows(list):
     """:func:`grid_sweep`'s summary rows (:func:`summarize_runs`), with ``failed``: the runs that
-    stopped (``{"run", "experiment", "overrides", "seed", "error"}``), and ``skipped``: the names of
-    the runs found complete in the output folder."""
+    stopped (``{"run", "experiment", "overrides", "seed", "error"}``), ``skipped``: the names of
+    the runs found complete in the output folder, ``markdown``: this grid's summary section and
+    ``id``: the grid configuration's :func:`grid_id`."""
 
     failed: list
     skipped: list
+    markdown: str
+    id: str
 
 
 def _unique(values, what: str) -> None:
@@ -151,12 +310,14 @@ def plan_grid(experiments, preset: str = "cpu", grid: dict | None = None, seeds=
     return runs
 
 
-def _stored_runs(folder) -> dict:
-    """``{(experiment, preset, seed): [(path, results)]}``: the complete results files in ``folder``
-    (``summary.json`` and unreadable files left out, the latter with a note)."""
+def _stored_runs(folder) -> tuple[dict, dict]:
+    """``({(experiment, preset, seed): [(path, results)]}, {path: why})``: the complete results
+    files in ``folder``, and the ``.json`` files that are not results files (``summary.json`` left
+    out)."""
     from pathlib import Path
 
     index: dict = {}
+    foreign: dict = {}
     for p in sorted(Path(folder).glob("*.json")):
         if p.name == "summary.json":
             continue
@@ -164,12 +325,11 @@ def _stored_runs(folder) -> dict:
             res = load_results(p)
             key = (res["experiment"], res["preset"], res["config"]["train"]["seed"])
         except (ResultsError, KeyError, TypeError) as err:
-            print(f"note: {p.name} is not a results file that can be compared ({err}); left alone",
-                  file=sys.stderr)
+            foreign[p] = " ".join(str(err).split())
             continue
         if res.get("status", "complete") == "complete":
             index.setdefault(key, []).append((p, res))
-    return index
+    return index, foreign
 
 
 def _find_identical(index: dict, run: GridRun):
@@ -181,20 +341,6 @@ def _find_identical(index: dict, run: GridRun):
         except ConfigError:  # a stored config this version cannot read: not the same run
             continue
     return None
-
-
-def _write_summary(out, results: list[dict], failed: list[dict], metrics) -> list[dict]:
-    import json
-    rows = summarize_runs(results, metrics) if results else []
-    names = metrics or (sorted(results[0]["metrics"]["final"]) if results else [])
-    (out / "summary.json").write_text(json.dumps(
-        rows + [{"status": "failed", **f} for f in failed], indent=1, default=list))
-    md = summary_markdown(rows, names) if rows else "no run of this grid completed\n"
-    if failed:
-        md += "\nFailed runs (not in the means above):\n\n" + "".join(
-            f"- `{f['run']}`: {f['error']}\n" for f in failed)
-    (out / "summary.md").write_text(md)
-    return rows
 
 
 def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds=(0,), out_dir=None,
@@ -227,13 +373,23 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
         prepare_out_dir(out)  # writable, before the first run trains
         limit = max(40, min(200, name_max(out) - 40))  # room for ".json" and temporary-file suffixes
     runs = plan_grid(experiments, preset, grid, seeds, overrides, name_limit=limit)
+    described = {"experiments": list(experiments), "preset": preset, "grid": dict(grid or {}), "seeds": list(seeds),
+                 "overrides": list(overrides)}
     for device in {r.cfg.train.device for r in runs}:  # a device this machine lacks: refused once, first
         resolve_device(device)
     held = out_dir_lock(out) if out is not None and main else contextlib.nullcontext()
     with held:
-        index = _stored_runs(out) if out is not None else {}
+        index, foreign = _stored_runs(out) if out is not None else ({}, {})
         stored = {i: hit for i, r in enumerate(runs) if (hit := _find_identical(index, r)) is not None}
         done = stored if skip_existing and not overwrite else {}
+        written = {_results_path(out, r, stored.get(i)): r for i, r in enumerate(runs) if i not in done}
+        for path, why in foreign.items():
+            if path in written and not overwrite:
+                raise RunFolderError(f"grid run {written[path].stem} writes its results to {path.name}, which is not "
+                                     f"a results file ({why}); move that file away, or --overwrite to replace it")
+            say(f"note: {path.name} is not a results file ({why}); "
+                + ("replaced by this grid's run (--overwrite)" if path in written else
+                   "left alone (no run of this grid writes it)"), file=sys.stderr)
         if out is not None:
             path_max = _path_max(out)
             longest = max(len(str(out.resolve() / r.stem / "ckpt_000000.pt.12345678.tmp")) for r in runs)
@@ -285,23 +441,26 @@ def grid_sweep(experiments, preset: str = "cpu", grid: dict | None = None, seeds
                 continue
             except TrainingInterrupted as err:
                 if out is not None and main and (results or failed):
-                    _write_summary(out, results, failed, metrics)
+                    write_summary(out, results, failed, metrics, grid=described)
                 raise TrainingInterrupted(f"grid stopped in run {i + 1}/{n} ({run.stem}): {err}; the same "
                                           f"command continues the grid (finished runs are skipped, this one "
                                           f"resumes)", err.signum, err.step, err.checkpoint, err.results) from None
             except KeyboardInterrupt:  # before the run's first step (data loading): nothing to save
                 if out is not None and main and (results or failed):
-                    _write_summary(out, results, failed, metrics)
+                    write_summary(out, results, failed, metrics, grid=described)
                 raise TrainingInterrupted(f"grid stopped before run {i + 1}/{n} ({run.stem}) trained; the same "
                                           f"command continues the grid", int(signal.SIGINT), 0, None,
                                           None) from None
             results.append(res)
+        markdown = None
         if out is not None and main:
-            rows = _write_summary(out, results, failed, metrics)
+            rows, markdown = write_summary(out, results, failed, metrics, grid=described)
         else:
             rows = summarize_runs(results, metrics) if results else []
     out_rows = GridRows(rows)
     out_rows.failed, out_rows.skipped = failed, skipped
+    out_rows.markdown = markdown if markdown is not None else summary_markdown(rows, metrics)
+    out_rows.id = grid_id(**{k: described[k] for k in ("experiments", "preset", "grid", "seeds", "overrides")})
     return out_rows
 
 

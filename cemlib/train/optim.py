@@ -1,15 +1,17 @@
-"""AdamW with decay / no-decay parameter groups, and a cosine schedule with warm-up and a floor.
+"""AdamW with decay / no-decay parameter groups, and a learning-rate schedule with warm-up and a floor.
 
 Weight decay applies to parameters with two or more dimensions (projection matrices and
 embeddings); vectors (normalisation gains, biases, CEM's diagonal and preconditioner parameters)
 are not decayed. This is the usual Llama / nanoGPT convention; the CEM paper ([ICLR] Table 2)
 states only "weight decay 0.1", so which tensors it decays is not known.
 
-Schedule (nanoGPT's form, with ``W`` warm-up steps and ``S`` total steps), for optimiser step
-``s = 0, 1, ...``::
+Schedules (``optim.schedule``; nanoGPT's form, with ``W`` warm-up steps, ``S`` total steps and
+``p = (s - W) / (S - W)``), for optimiser step ``s = 0, 1, ...``::
 
-    s <  W:  lr * (s + 1) / (W + 1)
-    s >= W:  lr_min + (lr - lr_min) * (1 + cos(pi * (s - W) / (S - W))) / 2,  lr_min = ratio * lr
+    s <  W:  lr * (s + 1) / (W + 1)                                   (every schedule)
+    s >= W:  cosine:   lr_min + (lr - lr_min) * (1 + cos(pi * p)) / 2,  lr_min = ratio * lr
+             linear:   lr_min + (lr - lr_min) * (1 - p)
+             constant: lr
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 
 from cemlib.train.config import OptimConfig
 
-__all__ = ["param_groups", "make_optimizer", "WarmupCosine", "make_scheduler"]
+__all__ = ["param_groups", "make_optimizer", "WarmupCosine", "WarmupLinear", "WarmupConstant", "make_scheduler"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -66,8 +68,31 @@ class WarmupCosine:
         return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class WarmupLinear(WarmupCosine):
+    """LR multiplier: linear warm-up, then a straight line down to ``min_ratio`` at the last step."""
+
+    def __call__(self, step: int) -> float:
+        w = self.warmup_steps
+        if step < w:
+            return (step + 1) / (w + 1)
+        progress = min(1.0, (step - w) / max(1, self.max_steps - w))
+        return self.min_ratio + (1.0 - self.min_ratio) * (1.0 - progress)
+
+
+class WarmupConstant(WarmupCosine):
+    """LR multiplier: linear warm-up, then 1 (``min_ratio`` is not used)."""
+
+    def __call__(self, step: int) -> float:
+        w = self.warmup_steps
+        return (step + 1) / (w + 1) if step < w else 1.0
+
+
+_SCHEDULES = {"cosine": WarmupCosine, "linear": WarmupLinear, "constant": WarmupConstant}
+
+
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
                    max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """``LambdaLR`` driven by :class:`WarmupCosine`; call ``.step()`` once per optimiser step."""
+    """``LambdaLR`` driven by the multiplier of ``cfg.schedule`` (:class:`WarmupCosine`,
+    :class:`WarmupLinear`, :class:`WarmupConstant`); call ``.step()`` once per optimiser step."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(cfg.warmup(max_steps), max_steps, cfg.min_lr_ratio))
+        optimizer, _SCHEDULES[cfg.schedule](cfg.warmup(max_steps), max_steps, cfg.min_lr_ratio))

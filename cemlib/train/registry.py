@@ -10,19 +10,20 @@ checked before any data loads: ``model.*`` fields against the model's options, t
 
 from __future__ import annotations
 
+import difflib
 import shlex
 
 from torch import nn
 
 from cemlib.train import presets
-from cemlib.train.config import ConfigError, ExperimentConfig, apply_overrides, format_value
-from cemlib.train.datasets import check_data_config, make_task
+from cemlib.train.config import ConfigError, ExperimentConfig, apply_overrides, did_you_mean, format_value
+from cemlib.train.datasets import KINDS, check_data_config, make_task
 from cemlib.train.experiment import Experiment
 from cemlib.train.presets.bench import bench_experiment
 from cemlib.train.tasks import Task
 from cemlib.utils import seed_everything
 
-__all__ = ["EXPERIMENTS", "register", "get_config", "model_fields", "preset_overrides", "load_data", "build",
+__all__ = ["EXPERIMENTS", "register", "check_experiment", "get_config", "model_fields", "preset_overrides", "load_data", "build",
            "reproduce_command", "bench_model"]
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -51,14 +52,24 @@ def model_fields(experiment: str, model: dict | None = None) -> list[str] | None
     return fields(dict(model))
 
 
+def check_experiment(experiment: str) -> None:
+    """Raise :class:`ConfigError` for a name that is not registered, with the nearest names."""
+    if experiment in EXPERIMENTS:
+        return
+    close = difflib.get_close_matches(str(experiment), list(EXPERIMENTS), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(f"unknown experiment {experiment!r}{hint} (cemlib train --list shows all "
+                      f"{len(EXPERIMENTS)})")
+
+
 def _check_model_fields(cfg: ExperimentConfig) -> None:
     known = model_fields(cfg.experiment, cfg.model)
     if known is None:
         return
     unknown = sorted(set(cfg.model) - set(known))
     if unknown:
-        raise ConfigError(f"model fields {unknown} are not options of {cfg.experiment!r}; known: "
-                          f"{', '.join(sorted(known))}")
+        raise ConfigError(f"model fields {unknown} are not options of {cfg.experiment!r}"
+                          f"{did_you_mean(unknown[0], known)}; known: {', '.join(sorted(known))}")
 
 
 def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
@@ -70,11 +81,10 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
     ``train.max_steps`` leaves the preset's ``optim.warmup_steps`` no smaller than it (and the
     warm-up is not overridden too), the warm-up is clamped to ``max_steps - 1``; the sentence
     saying so is appended to ``notes`` (if given)."""
-    if experiment not in EXPERIMENTS:
-        raise ConfigError(f"unknown experiment {experiment!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+    check_experiment(experiment)
     presets = EXPERIMENTS[experiment].presets
     if preset not in presets:
-        raise ConfigError(f"unknown preset {preset!r} for experiment {experiment!r}; "
+        raise ConfigError(f"unknown preset {preset!r} for experiment {experiment!r}{did_you_mean(preset, presets)}; "
                           f"known: {', '.join(sorted(presets))}")
     base = presets[preset]
     cfg = ExperimentConfig.from_dict(base.to_dict())  # a copy: presets stay untouched
@@ -93,9 +103,30 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
                                  f"(set optim.warmup_steps to choose another)")
                 overrides = overrides + [f"optim.warmup_steps={clamped}"]
         cfg = apply_overrides(cfg, overrides)
+        given = {o.partition("=")[0].strip() for o in overrides}
+        if "optim.warmup_fraction" in given and cfg.optim.warmup_steps is not None:
+            raise ConfigError(f"optim.warmup_fraction={cfg.optim.warmup_fraction} is not used: the warm-up is "
+                              f"optim.warmup_steps={cfg.optim.warmup_steps}"
+                              f"{'' if 'optim.warmup_steps' in given else ' (the preset' + chr(39) + 's)'}, which "
+                              f"wins; also give --set optim.warmup_steps=none to use the fraction, or set "
+                              f"optim.warmup_steps instead")
     _check_model_fields(cfg)
+    _check_data_kind(cfg, base)
     check_data_config(cfg, base)
     return cfg
+
+
+def _check_data_kind(cfg: ExperimentConfig, base: ExperimentConfig) -> None:
+    """Refuse a ``data.name`` of another kind of task than the preset's (a language model cannot
+    train on regression data), naming the experiments that use that dataset."""
+    new, old = cfg.data.name, base.data.name
+    if new == old or new not in KINDS or KINDS.get(new) == KINDS.get(old):
+        return
+    users = sorted(n for n, e in EXPERIMENTS.items() if any(c.data.name == new for c in e.presets.values()))
+    hint = f" ({', '.join(users[:4])}{' ...' if len(users) > 4 else ''})" if users else ""
+    raise ConfigError(f"data.name={new!r} ({KINDS[new].replace('_', ' ')}) does not fit {cfg.experiment!r}, whose "
+                      f"model is built for the {old!r} data ({KINDS.get(old, '?').replace('_', ' ')}): choose an "
+                      f"experiment built for the {new!r} data instead{hint}")
 
 
 def preset_overrides(cfg: ExperimentConfig) -> list[str]:
@@ -128,8 +159,7 @@ def build(cfg: ExperimentConfig, task: Task | None = None) -> tuple[nn.Module, T
 
     ``task``: the task of ``cfg`` already loaded (building several models on the same data loads
     it once); by default it is loaded from ``cfg``."""
-    if cfg.experiment not in EXPERIMENTS:
-        raise ConfigError(f"unknown experiment {cfg.experiment!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+    check_experiment(cfg.experiment)
     _check_model_fields(cfg)
     task = make_task(cfg) if task is None else task
     seed_everything(cfg.train.seed)

@@ -26,9 +26,9 @@ import torch
 
 from cemlib.train.checkpoint import atomic_write_bytes
 
-__all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "save_results", "load_results",
+__all__ = ["SCHEMA", "environment_info", "same_cpu_kernels", "git_commit", "build_info", "save_results", "load_results",
            "plot_curves", "device_name", "ResultsError", "read_json", "SETUP", "setup_differences",
-           "load_runs"]
+           "load_runs", "curve_labels"]
 
 SCHEMA = "cemlib.train.results/1"
 _REQUIRED = ("schema", "experiment", "preset", "config", "metrics", "curves", "num_parameters",
@@ -39,27 +39,44 @@ class ResultsError(ValueError):
     """A results file is missing, not JSON, or lacks required fields."""
 
 
+def build_info() -> dict:
+    """What the wheel this cemlib was installed from records about its build (``git_commit``,
+    ``built_utc``; written by ``setup.py``), or ``{}`` in a clone or an editable install."""
+    path = Path(__file__).resolve().parents[1] / "_build_info.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def git_commit(cwd: str | Path | None = None) -> str | None:
-    """``HEAD`` commit of the repository holding the code (``+dirty`` if modified), or ``None``.
+    """The commit of the code: ``HEAD`` of the clone cemlib runs from (``+dirty`` if modified),
+    else the commit the installed wheel was built from (:func:`build_info`), else ``None``.
 
     Where the code runs from a copy without ``.git`` (a GPU machine that receives the working tree
     only, or a stale ``.git``), the environment variable ``CEMLIB_GIT_COMMIT`` names the commit the
-    copy was made from; when set it takes precedence.
+    copy was made from; when set it takes precedence. A repository around an installed cemlib (a
+    venv inside a project of one's own) is not taken for cemlib's: only one whose top folder holds
+    this ``cemlib`` package counts.
     """
-    cwd = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
     env = os.environ.get("CEMLIB_GIT_COMMIT")
     if env:
         return env
+    pkg = Path(__file__).resolve().parents[1]
+    cwd = Path(cwd) if cwd is not None else pkg
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              timeout=10)
-        if head.returncode != 0:
-            return env or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10)
+        if top.returncode == 0 and (cwd != pkg or Path(top.stdout.strip()).resolve() == pkg.parent):
+            head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+            if head.returncode == 0:
+                dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                       capture_output=True, text=True, timeout=10)
+                return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return env or None
+        pass
+    return build_info().get("git_commit") if cwd == pkg else None
 
 
 def _cpu_name() -> str:
@@ -90,6 +107,9 @@ def environment_info(device: torch.device, world_size: int = 1) -> tuple[dict, d
     versions = {"python": platform.python_version(), "torch": torch.__version__,
                 "numpy": numpy.__version__, "cemlib": cemlib.__version__,
                 "cuda": torch.version.cuda, "platform": sys.platform}
+    built = build_info()
+    if built:  # an installed wheel: the commit and time it was built from
+        versions["cemlib_build"] = {k: built.get(k) for k in ("git_commit", "built_utc")}
     return dev, versions
 
 
@@ -208,27 +228,66 @@ def setup_differences(a: dict, b: dict) -> dict[str, tuple]:
 def _label(res: dict) -> str:
     dev = res["device"]
     n = f"{dev['count']}x " if dev.get("count", 1) > 1 else ""
-    return f"{res['experiment']} ({res['preset']}, {n}{device_name(res)})"
+    data = (res.get("config") or {}).get("data") or {}
+    on = f" on {Path(str(data['path'])).name}" if data.get("path") else ""
+    return f"{res['experiment']}{on} ({res['preset']}, {n}{device_name(res)})"
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def curve_labels(results: list[dict], limit: int = 3) -> list[str]:
+    """One distinct legend label per run: experiment, data file (if one's own), preset and device,
+    then, where that leaves two runs alike, the configuration fields in which the runs differ
+    (``optim.lr=0.003 train.seed=1``, at most ``limit``), then the run id or the position."""
+    labels = [_label(r) for r in results]
+    if len(set(labels)) == len(labels):
+        return labels
+    flats = [_flat(r.get("config") or {}) for r in results]
+    keys = sorted({k for f in flats for k in f})
+    differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=repr) for f in flats}) > 1]
+    out = []
+    for lab, f in zip(labels, flats):
+        if labels.count(lab) > 1 and differ:
+            lab += " " + " ".join(f"{k}={f.get(k)}" for k in differ[:limit])
+        out.append(lab)
+    dup = [i for i, lab in enumerate(out) if out.count(lab) > 1]
+    for i in dup:
+        rid = results[i].get("run_id")
+        unique = rid and sum(r.get("run_id") == rid for r in results) == 1
+        out[i] = f"{out[i]} [{rid}]" if unique else f"{out[i]} #{i + 1}"
+    return out
 
 
 def plot_curves(results: list[dict], ax=None, split: str = "val", labels: list[str] | None = None):
     """Plot the ``split`` loss ("val" or "train") against tokens seen, one line per results dict.
 
     Each line is labelled with experiment, preset and device, so stored GPU results and live CPU
-    runs stay distinguishable. Returns the axes.
+    runs stay distinguishable; runs alike in those are told apart by the fields their
+    configurations differ in (:func:`curve_labels`), unless ``labels`` are given. Returns the axes.
     """
     import matplotlib.pyplot as plt
     if split not in ("val", "train"):
         raise ValueError(f"split must be 'val' or 'train', got {split!r}")
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
+    if labels is not None and len(labels) != len(results):
+        raise ValueError(f"labels has {len(labels)} entries for {len(results)} results")
+    labels = list(labels) if labels is not None else curve_labels(results)
     for i, res in enumerate(results):
         tc = res["config"]["train"]  # context_length is left out where the data do not read it
         per_example = res.get("task", {}).get("tokens_per_example") or tc.get("context_length")
         tokens_per_step = tc["batch_size"] * per_example
         ev = res["curves"]["eval"]
         ax.plot([e["step"] * tokens_per_step for e in ev], [e[f"{split}_loss"] for e in ev], marker="o",
-                ms=3, label=labels[i] if labels else _label(res))
+                ms=3, label=labels[i])
     ax.set_xlabel("tokens seen")
     ax.set_ylabel(f"{'validation' if split == 'val' else 'training'} loss (nats / token)")
     ax.legend(fontsize="small")

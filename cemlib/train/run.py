@@ -19,8 +19,8 @@ import torch
 
 from cemlib.train.config import ExperimentConfig
 from cemlib.train.distributed import resolve_device
-from cemlib.train.folders import check_run_folder, out_dir_lock, resolve_checkpoint
-from cemlib.train.registry import build, get_config, preset_overrides, reproduce_command
+from cemlib.train.folders import RunFolderError, check_run_folder, out_dir_lock, resolve_checkpoint
+from cemlib.train.registry import EXPERIMENTS, build, get_config, preset_overrides, reproduce_command
 from cemlib.train.trainer import Trainer, prepare_out_dir
 
 __all__ = ["run_experiment", "run_config"]
@@ -59,6 +59,21 @@ def _busy_cpu_note(device) -> str | None:
             f"a small model may train several times faster with --threads 1")
 
 
+def _gpu_preset_on_cpu(cfg: ExperimentConfig, model, task, device) -> str:
+    """What a ``gpu`` preset started on a CPU is in for: the time measured here (a step of the
+    built model, :func:`~cemlib.train.estimate.measured_estimate`) and what to run instead."""
+    from cemlib.train.estimate import duration, measured_estimate, stored_estimate
+    est = measured_estimate(model, task, cfg, device)
+    first = f"; its first evaluation (step 0, before any line is printed) alone about " \
+            f"{duration(est.first_eval_s)}" if est.first_eval_s else ""
+    cpu = ""
+    if "cpu" in EXPERIMENTS[cfg.experiment].presets:
+        stored = stored_estimate(EXPERIMENTS[cfg.experiment].presets["cpu"], "cpu")
+        cpu = f" ({stored.text()})" if stored else ""
+    return (f"the gpu preset is sized for a GPU and runs here on the CPU: {est.text()}{first}; --preset cpu is "
+            f"sized for a CPU{cpu}, or --set train.max_steps=N shortens this run")
+
+
 def run_config(cfg: ExperimentConfig, out_dir=None, *, resume=None, until: int | None = None,
                verbose: bool = True, strategy: str = "ddp", started_at: float | None = None,
                started_from: str = "caller's start time", command: str | None = None, notes=(),
@@ -74,6 +89,10 @@ def run_config(cfg: ExperimentConfig, out_dir=None, *, resume=None, until: int |
     and ``log`` are passed to the :class:`~cemlib.train.trainer.Trainer`."""
     t0 = time.time() if started_at is None else started_at
     main = int(os.environ.get("RANK", "0")) == 0
+    if resume is not None and overwrite:
+        raise RunFolderError("resume and overwrite together would delete the checkpoint being resumed; drop "
+                             "overwrite (--overwrite) to continue the run, or drop resume (--resume) to train "
+                             "it again from the start")
     notes = list(notes)
     if verbose and main:
         for note in dict.fromkeys(notes):
@@ -87,7 +106,8 @@ def run_config(cfg: ExperimentConfig, out_dir=None, *, resume=None, until: int |
         held = out_dir_lock(out_dir)
     with held:
         if out_dir is not None and main:
-            removed = check_run_folder(out_dir, cfg, resuming=resume is not None, overwrite=overwrite)
+            removed = check_run_folder(out_dir, cfg, resuming=resume is not None, overwrite=overwrite,
+                                       resume_from=resume)
             if removed and verbose:
                 print(f"note: --overwrite: removed {len(removed)} file(s) of the earlier run in {out_dir}",
                       file=sys.stderr)
@@ -97,6 +117,16 @@ def run_config(cfg: ExperimentConfig, out_dir=None, *, resume=None, until: int |
         model, task = build(cfg)
         if verbose and main and task.info.get("data_source"):
             print(f"data: {task.info['data_source']}", file=sys.stderr)
+        exp = EXPERIMENTS.get(cfg.experiment)
+        caveat = exp.caveats.get(cfg.preset) if exp is not None else None
+        if caveat:
+            notes.append(f"{cfg.experiment} ({cfg.preset}): {caveat}")
+            if verbose and main:
+                print(f"note: {notes[-1]}", file=sys.stderr)
+        if device.type == "cpu" and cfg.preset == "gpu" and main and verbose:
+            warning = _gpu_preset_on_cpu(cfg, model, task, device)  # measures a step: only when shown
+            notes.append(warning)
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         if command is None:
             command = reproduce_command(cfg.experiment, cfg.preset, preset_overrides(cfg),
                                         int(os.environ.get("WORLD_SIZE", "1")), strategy)

@@ -34,6 +34,8 @@ subset of ``eval_batches`` batches, or all of it if smaller).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import numpy as np
@@ -44,7 +46,8 @@ from torch import nn
 from cemlib.train.batches import DataMismatchError, TokenBatches
 
 __all__ = ["Task", "ExampleBatches", "LanguageModelTask", "AnswerTask", "RegressionTask",
-           "TokenClassificationTask", "ClassificationTask", "TaskDataError", "IGNORE_INDEX", "lm_loss"]
+           "TokenClassificationTask", "ClassificationTask", "TaskDataError", "IGNORE_INDEX", "lm_loss",
+           "tensors_sha256"]
 
 IGNORE_INDEX = -100
 
@@ -56,6 +59,18 @@ class TaskDataError(ValueError):
 def _checksum(t: torch.Tensor) -> float:
     flat = t.reshape(-1)
     return float(flat[:: max(1, flat.numel() // 4096)].double().sum())
+
+
+def tensors_sha256(*tensors: torch.Tensor) -> str:
+    """SHA-256 over the dtype, shape and bytes of ``tensors`` (what a checkpoint records of its
+    data, so that resuming on other data is found)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------ batch sources
@@ -144,6 +159,20 @@ class Task:
     @property
     def eval_splits(self) -> tuple[str, ...]:
         return tuple(s for s in ("train", "val", "test") if s in self.splits)
+
+    def data_digest(self) -> dict:
+        """SHA-256 digests of every split's data and of the vocabulary (``None`` where the task has
+        none), computed once: a checkpoint records them, and a resume on other data is refused."""
+        if getattr(self, "_digest", None) is None:
+            out = {}
+            for name, data in self.splits.items():
+                tensors = (data.tokens,) if hasattr(data, "tokens") else tuple(getattr(data, "tensors", ()))
+                out[name] = tensors_sha256(*tensors) if tensors else None
+            tok = self.info.get("tokenizer")
+            out["vocabulary"] = (hashlib.sha256(json.dumps(tok, sort_keys=True).encode()).hexdigest()
+                                 if tok is not None else None)
+            self._digest = out
+        return self._digest
 
     def describe(self) -> dict:
         """What a results file records about the task."""

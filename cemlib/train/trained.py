@@ -6,7 +6,9 @@ the weights (``weights_only=True``, checksum verified) and returns it in eval mo
 tokenizer. Checkpoints written since tokenizers are stored carry the vocabulary
 (``payload["task"]["info"]["tokenizer"]``); for an older one it is taken from the ``results.json``
 beside it, else rebuilt from the text the run was trained on (the tiny Shakespeare shipped with
-cemlib, or the run's ``data.path`` if that file still exists), and a note says so.
+cemlib, or the run's ``data.path`` if that file still exists), and a note says so. It reads the
+weights a ``cemlib export`` wrote (a ``.safetensors`` file, :mod:`cemlib.train.export`) the same
+way: their metadata carry the configuration and the vocabulary.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from cemlib.train.checkpoint import CheckpointError, check_model_state, load_che
 from cemlib.train.config import ConfigError
 from cemlib.train.folders import newest_checkpoint
 from cemlib.train.registry import EXPERIMENTS
+from cemlib.train.weights import is_safetensors, load_weights
 
 __all__ = ["TrainedModel", "find_checkpoint", "load_trained", "stored_tokenizer"]
 
@@ -43,8 +46,10 @@ class TrainedModel:
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint ``path`` names: the file itself, or in a run folder ``last.pt`` (the finished
-    run) else the newest ``ckpt_<step>.pt``; a folder holding one run folder is looked into."""
+    """The checkpoint ``path`` names: the file itself (a ``.pt`` checkpoint or an exported
+    ``.safetensors``), or in a run folder ``last.pt`` (the finished run) else the newest
+    ``ckpt_<step>.pt``, else its ``model.safetensors``; a folder holding one run folder is looked
+    into."""
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
         raise CheckpointError(f"{str(path)!r} is a results file, not a checkpoint; give the run folder "
@@ -56,6 +61,8 @@ def find_checkpoint(path: str | Path) -> Path:
     found = newest_checkpoint(path)
     if found is not None:
         return found
+    if (path / "model.safetensors").is_file():
+        return path / "model.safetensors"
     runs = sorted(d for d in path.iterdir() if d.is_dir() and newest_checkpoint(d) is not None)
     if len(runs) == 1:
         return newest_checkpoint(runs[0])
@@ -125,7 +132,15 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Traine
     file) or :class:`~cemlib.train.config.ConfigError` (an experiment this process does not know,
     e.g. one a chapter registered)."""
     ckpt = find_checkpoint(path)
-    payload = load_checkpoint(ckpt, map_location="cpu")
+    if is_safetensors(ckpt):
+        state, meta = load_weights(ckpt)
+        if not isinstance(meta.get("config"), dict):
+            raise CheckpointError(f"{ckpt.name!r} holds weights without a run's configuration (not written by "
+                                  f"cemlib export); load it into your model with cemlib.train.weights.load_weights")
+        payload = {"config": meta["config"], "task": meta.get("task") or {}, "model": state,
+                   "step": meta.get("step", 0)}
+    else:
+        payload = load_checkpoint(ckpt, map_location="cpu")
     cfg = payload["config"]
     notes: list[str] = []
     name = cfg.get("experiment")

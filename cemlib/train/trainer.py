@@ -19,7 +19,18 @@ before the first step; wall time and tokens accumulate across resumes.
 Besides ``results.json`` and the checkpoints, ``out_dir`` receives ``best.pt`` (the state at the
 best evaluation after step 0 by the task's primary metric, e.g. ``val_accuracy``), ``train_log.csv`` and
 ``eval_log.csv`` (every logged step; ``elapsed_s`` is the training wall time) and, with
-``log=("tensorboard",)`` and the ``tensorboard`` package installed, TensorBoard event files.
+``log=("tensorboard",)`` and the ``tensorboard`` package installed (``pip install
+cemlib[tensorboard]``), TensorBoard event files.
+
+Checkpoints: the newest ``train.keep_checkpoints`` periodic ``ckpt_<step>.pt`` are kept (older ones
+are deleted as new ones are written; ``0`` keeps all), ``last.pt`` holds the final step (no
+``ckpt_<step>.pt`` is written for it), and where ``best.pt`` holds the same step as a periodic
+checkpoint or ``last.pt`` the two names are one file on disk (a hard link, where the file system
+has them). Each checkpoint records SHA-256 digests of the data and the vocabulary; resuming on
+other data (an edited text file) is refused, naming both. ``train.patience`` > 0 stops the run
+early once that many evaluations in a row have not improved the primary metric
+(``metrics["stopped_early"]`` says where; ``last.pt`` then holds that step and the run is
+complete).
 ``Trainer(model, train, val, cfg)`` with two :class:`~cemlib.train.batches.TokenBatches` is language
 modelling (the original form).
 """
@@ -57,7 +68,7 @@ from cemlib.train.flops import forward_flops_per_token, mfu, stated_peak_tflops
 from cemlib.train.optim import make_optimizer, make_scheduler
 from cemlib.train.results import SCHEMA, environment_info, git_commit, save_results
 from cemlib.train.folders import out_dir_lock, run_id
-from cemlib.train.datasets import recorded_config
+from cemlib.train.datasets import data_label, recorded_config
 from cemlib.utils import seed_everything
 
 __all__ = ["Trainer", "NonFiniteError", "TrainingInterrupted", "lm_loss", "choose_precision",
@@ -65,6 +76,10 @@ __all__ = ["Trainer", "NonFiniteError", "TrainingInterrupted", "lm_loss", "choos
 
 # the message of cemlib.utils.check_tensor when a layer's own finite check finds NaN/Inf
 _LAYER_NONFINITE = re.compile(r"contains \d+ NaN/Inf value\(s\)")
+
+
+class _EvaluationStopped(Exception):
+    """A signal arrived during a periodic evaluation (the loop then saves and stops)."""
 
 
 class NonFiniteError(FloatingPointError):
@@ -110,6 +125,21 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
                                  f"checkpoints could not be saved") from None
     ckpt.remove_stale_tmp(out_dir)
     return out_dir
+
+
+def _completed(config: dict) -> dict:
+    """A checkpoint's config dict with the fields added since it was written at their defaults
+    (so that an older checkpoint still resumes); the dict itself where it cannot be read."""
+    try:
+        return ExperimentConfig.from_dict(config).to_dict()
+    except ConfigError:
+        return config
+
+
+def resume_command(folder) -> str:
+    """The command that continues the run in ``folder``: ``cemlib train --resume FOLDER``."""
+    import shlex
+    return f"cemlib train --resume {shlex.quote(str(folder))}"
 
 
 def _clock(seconds: float) -> str:
@@ -271,6 +301,8 @@ class Trainer:
         self._whole_val: dict | None = None
         self._final_eval_s: float | None = None
         self._final_interrupted = False
+        self._stopped_early: dict | None = None
+        self._in_loop = False
         self._show_bar = False
         self._logs: dict = {}
         seed_everything(tc.seed + 1 + self.dist.rank)  # dropout stream, distinct per process
@@ -337,6 +369,7 @@ class Trainer:
                 "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
                 "config": self.cfg.to_dict(), "history": self.history,
                 "world_size": self.dist.world_size, "timing": self._timing_state(), "run": self._run_info(),
+                "data_digest": self.task.data_digest(), "stopped_early": self._stopped_early,
                 # what the model reads and writes (vocabulary, context, classes), JSON-plain so the
                 # file stays weights-only: ``cemlib generate`` decodes with it, no dataset needed
                 "task": json.loads(json.dumps({"kind": self.task.kind, "info": self.task.info}))}
@@ -359,10 +392,11 @@ class Trainer:
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore model, optimiser, scheduler, RNG, data position and history from ``path``."""
         payload = ckpt.load_checkpoint(path, map_location="cpu")
-        diffs = ckpt.config_differences(payload["config"], self.cfg.to_dict())
+        diffs = ckpt.config_differences(_completed(payload["config"]), self.cfg.to_dict())
         if diffs:
             raise ckpt.CheckpointError(f"checkpoint {Path(path).name!r} was written by a different "
                                        f"configuration: " + "; ".join(diffs))
+        self._check_data_digest(payload, Path(path).name)
         self.train_data.check_state(payload["data"]["train"])
         ckpt.check_model_state(payload["model"], self.raw_model.state_dict(), Path(path).name)
         try:
@@ -381,6 +415,9 @@ class Trainer:
             self.scaler.load_state_dict(payload["scaler"])
         self.skipped_steps = int(payload.get("skipped_steps", 0))
         self.step = int(payload["step"])
+        stopped = payload.get("stopped_early")
+        # an early-stopped run is finished, unless its patience changed since
+        self._stopped_early = stopped if stopped and stopped.get("patience") == self.cfg.train.patience else None
         self.history = payload.get("history", {"train": [], "eval": []})
         timing = payload.get("timing") or {}  # cumulative over the segments before this one
         self.train_time = float(timing.get("train_time", 0.0))
@@ -394,6 +431,55 @@ class Trainer:
             ckpt.set_rng_state(rngs[self.dist.rank])
         else:  # a different number of processes: fresh, deterministic dropout streams
             seed_everything(self.cfg.train.seed + 1 + self.dist.rank + 7919 * self.step)
+
+    def _check_data_digest(self, payload: dict, name: str) -> None:
+        """Refuse a checkpoint whose data (or vocabulary) digests differ from this task's, naming
+        both; checkpoints written before digests were recorded are not checked here."""
+        stored = payload.get("data_digest")
+        if not isinstance(stored, dict):
+            return
+        now = self.task.data_digest()
+        differ = [k for k in ("train", "val", "vocabulary") if stored.get(k) and now.get(k) and stored[k] != now[k]]
+        if not differ:
+            return
+        d = self.cfg.data
+        source = f"data.path={d.path!r}" if d.path else f"the {d.name!r} data (data.name)"
+
+        def vocab(info):
+            chars = ((info or {}).get("tokenizer") or {}).get("chars")
+            return f"{len(chars)} characters" if isinstance(chars, str) else "a vocabulary"
+        then_vocab = vocab((payload.get("task") or {}).get("info"))
+        now_vocab = vocab(self.task.info)
+        parts = [f"{'vocabulary' if k == 'vocabulary' else k + ' split'} SHA-256 {stored[k][:12]} in the checkpoint "
+                 f"vs {now[k][:12]} now" for k in differ]
+        raise ckpt.CheckpointError(
+            f"checkpoint {name!r} was trained on other data than {source} holds now ({'; '.join(parts)}; "
+            f"vocabulary: {then_vocab} then, {now_vocab} now): restore the data the run was trained on to "
+            f"resume it, or start a new run without --resume")
+
+    def _prune_checkpoints(self) -> None:
+        """Delete all but the newest ``train.keep_checkpoints`` periodic ``ckpt_<step>.pt``."""
+        keep = self.cfg.train.keep_checkpoints
+        if self.out_dir is None or not self.dist.is_main or keep <= 0:
+            return
+        found = sorted((int(m.group(1)), q) for q in self.out_dir.glob("ckpt_*.pt")
+                       if (m := re.match(r"^ckpt_(\d+)\.pt$", q.name)))
+        for _, old in found[:-keep]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+
+    def _same_file(self, source: Path, other: Path) -> None:
+        """Make ``other`` the same file as ``source`` (a hard link, replacing it atomically), so
+        one step is stored once; where the file system has no hard links, the copy stays."""
+        if not self.dist.is_main or not source.is_file() or not other.is_file():
+            return
+        tmp = ckpt.tmp_name(other)
+        try:
+            os.link(source, tmp)
+            os.replace(tmp, other)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     # ----------------------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -481,6 +567,8 @@ class Trainer:
             from cemlib.train.folders import resolve_checkpoint
             self.load_checkpoint(resolve_checkpoint(resume))
         stop = tc.max_steps if until is None else until
+        if self._stopped_early is not None:  # an early-stopped run resumed: finished where it stopped
+            stop = self.step
         if not self.step <= stop <= tc.max_steps:
             raise ValueError(f"until={until} must lie between the current step {self.step} "
                              f"and train.max_steps={tc.max_steps}")
@@ -497,11 +585,17 @@ class Trainer:
         self._segments += 1
         self._t_loop = time.perf_counter()
         first_step, t_first = self.step, self._t_loop  # for the ETA of piped output
+        self._in_loop = True  # a signal now also stops a periodic evaluation (one process)
         with self._catch_signals():
             while self.step < stop:
                 rng = ckpt.rng_state()
                 try:
-                    self._maybe_evaluate()
+                    try:
+                        self._maybe_evaluate()
+                    except _EvaluationStopped:  # a signal during a periodic evaluation: stop now
+                        break
+                    if self._stopped_early is not None:
+                        break
                     lr = self.optimizer.param_groups[0]["lr"]
                     t0 = time.perf_counter()
                     loss, gnorm = self.train_step()
@@ -530,14 +624,16 @@ class Trainer:
                               f"eta {_clock(eta)}", flush=True)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self._tokens_per_s():.0f}")
-                if self.out_dir is not None and tc.checkpoint_interval \
-                        and self.step % tc.checkpoint_interval == 0:
+                if self.out_dir is not None and tc.checkpoint_interval and self.step != stop \
+                        and self.step % tc.checkpoint_interval == 0:  # the last step: last.pt (below)
                     self.save_checkpoint(self.out_dir / f"ckpt_{self.step:06d}.pt")
+                    self._prune_checkpoints()
                 if self.step < stop and self._stop_requested():
                     break
+        self._in_loop = False
         bar.close()
-        interrupted = self.step < stop
-        at_end = self.step == tc.max_steps
+        interrupted = self.step < stop and self._stopped_early is None
+        at_end = self.step == tc.max_steps or self._stopped_early is not None
         if at_end:
             with self._interruptible():  # a signal stops it: last.pt and the results without it
                 self._maybe_evaluate()
@@ -546,6 +642,14 @@ class Trainer:
         saved = None
         if self.out_dir is not None:
             saved = self.save_checkpoint(self.out_dir / ("last.pt" if at_end else f"ckpt_{self.step:06d}.pt"))
+            if not at_end:
+                self._prune_checkpoints()
+            elif self.dist.is_main:  # last.pt holds this step (an early stop's periodic checkpoint too)
+                with contextlib.suppress(OSError):
+                    (self.out_dir / f"ckpt_{self.step:06d}.pt").unlink()
+            best = self._best_eval()
+            if at_end and best is not None and best["step"] == self.step:
+                self._same_file(saved, self.out_dir / "best.pt")
         if at_end and tc.final_whole_eval and not self._final_interrupted:
             t0 = time.perf_counter()
             with self._interruptible():
@@ -558,13 +662,13 @@ class Trainer:
         name = signal.Signals(self._signal).name if self._signal else "a signal"
         if self._final_interrupted:
             where = (f"{saved} and the results without the final evaluation ({written or 'on rank 0'}) "
-                     f"saved; finish with --resume {self.out_dir} (it runs the final evaluation only)"
+                     f"saved; finish with: {resume_command(self.out_dir)} (it runs the final evaluation only)"
                      if saved else "nothing saved (no out_dir)")
             raise TrainingInterrupted(f"{name} during the final evaluation (step {self.step}/{tc.max_steps}): "
                                       f"{where}", int(self._signal or signal.SIGINT), self.step, saved, written)
         if interrupted:
-            where = (f"checkpoint {saved} and results {written or 'on rank 0'} saved; continue with "
-                     f"--resume {saved}") if saved else "nothing saved (no out_dir)"
+            where = (f"checkpoint {saved} and results {written or 'on rank 0'} saved; continue with: "
+                     f"{resume_command(self.out_dir)}") if saved else "nothing saved (no out_dir)"
             raise TrainingInterrupted(f"{name} at step {self.step}/{tc.max_steps}: {where}",
                                       int(self._signal or signal.SIGINT), self.step, saved, written)
         return results
@@ -626,7 +730,7 @@ class Trainer:
             writer_class = _tensorboard_writer_class()
             if writer_class is None:
                 print("note: --log tensorboard: the tensorboard package is not installed (pip install "
-                      "tensorboard); the metrics go to train_log.csv and eval_log.csv only", file=sys.stderr)
+                      "\"cemlib[tensorboard]\"); the metrics go to train_log.csv and eval_log.csv only", file=sys.stderr)
             else:
                 self._logs["tensorboard"] = writer_class(log_dir=str(self.out_dir),
                                                          purge_step=self.step or None)
@@ -706,6 +810,8 @@ class Trainer:
         that every process must still run, counted as nothing), then over processes."""
         acc = None
         for weight, batch in batches:
+            if self._signal is not None and self._in_loop and not self.dist.enabled:
+                raise _EvaluationStopped  # one process: a long evaluation stops at the signal
             batch = tuple(t.to(self.device) for t in batch)
             self._step_begin()
             with self._autocast():
@@ -729,13 +835,46 @@ class Trainer:
             if self.out_dir is not None and self.step > 0 and self._improves(ev, earlier):
                 # every process (it is collective); not at step 0, before the optimiser has a state
                 # (FSDP's state-dict call would initialise it with a step of its own)
-                self.save_checkpoint(self.out_dir / "best.pt")
+                best = self.save_checkpoint(self.out_dir / "best.pt")
+                # the periodic checkpoint of this step becomes the same file (one step stored once)
+                self._same_file(best, self.out_dir / f"ckpt_{self.step:06d}.pt")
+            if tc.patience and self._stopped_early is None and self.step < tc.max_steps:
+                self._check_patience()
             if self.verbose and self.dist.is_main:
                 extra = "".join(f"  {k} {v:.4f}" for k, v in ev.items()
                                 if k not in ("step", "train_loss", "val_loss") and k.startswith("val_"))
                 line = (f"step {self.step:>6}/{tc.max_steps}  train {ev['train_loss']:.4f}  "
                         f"val {ev['val_loss']:.4f}{extra}")
                 if self._show_bar:  # above the progress bar, not through it
+                    tqdm.write(line, file=sys.stdout)
+                else:
+                    print(line, flush=True)
+
+    def _best_eval(self) -> dict | None:
+        """The evaluation with the best primary metric (the first of equals), or ``None``."""
+        primary, mode = self.task.primary
+        key = f"val_{primary}"
+        ev = [e for e in self.history["eval"] if math.isfinite(e.get(key, math.nan))]
+        if not ev:
+            return None
+        return (min if mode == "min" else max)(ev, key=lambda e: e[key])
+
+    def _check_patience(self) -> None:
+        """Early stopping: after ``train.patience`` evaluations in a row without a better primary
+        metric than the best before them, record the stop (the loop then ends)."""
+        tc = self.cfg.train
+        best = self._best_eval()
+        if best is None:
+            return
+        since = sum(1 for e in self.history["eval"] if e["step"] > best["step"])
+        if since >= tc.patience:
+            primary, _ = self.task.primary
+            self._stopped_early = {"step": self.step, "best_step": best["step"], "patience": tc.patience,
+                                   "metric": f"val_{primary}"}
+            if self.verbose and self.dist.is_main:
+                line = (f"early stop at step {self.step}/{tc.max_steps}: val_{primary} has not improved for "
+                        f"{since} evaluations (train.patience={tc.patience}); best at step {best['step']}")
+                if self._show_bar:
                     tqdm.write(line, file=sys.stdout)
                 else:
                     print(line, flush=True)
@@ -807,17 +946,19 @@ class Trainer:
         primary, mode = self.task.primary
         key = f"val_{primary}"
         best_loss = min(ev, key=lambda e: e["val_loss"]) if ev else None
-        best = (min if mode == "min" else max)(ev, key=lambda e: e[key]) if ev else None
+        best = self._best_eval() if ev else None
         tps = self._tokens_per_s()
         metrics = {
             "steps": self.step, "tokens": self.step * self.tokens_per_step,
             "final_train_loss": ev[-1]["train_loss"] if ev else None,
             "final_val_loss": ev[-1]["val_loss"] if ev else None,
             "initial_val_loss": ev[0]["val_loss"] if ev else None,
+            # each best beside the step of its own criterion: the lowest sampled validation loss,
+            # and the best primary metric (the criterion of best.pt and metrics["best"])
             "best_val_loss": best_loss["val_loss"] if best_loss else None,
-            "best_val_step": best["step"] if best else None,
             "best_val_loss_step": best_loss["step"] if best_loss else None,
             "primary_metric": key, "best_primary": best[key] if best else None,
+            "best_primary_step": best["step"] if best else None,
             "final": {k: v for k, v in ev[-1].items() if k != "step"} if ev else {},
             "at_best": {k: v for k, v in best.items() if k != "step"} if best else {},
             "examples_per_s": tps / self.task.tokens_per_example, "skipped_steps": self.skipped_steps,
@@ -832,6 +973,7 @@ class Trainer:
                      "step": best["step"] if best else None,
                      "checkpoint": "best.pt" if best and best["step"] > 0 and self.out_dir is not None
                      else None},
+            "stopped_early": self._stopped_early,
         }
         per_eval = self.micro * self.dist.world_size  # the examples of one evaluation batch, all processes
         sample = self.task.estimate("val", per_eval)
@@ -839,7 +981,7 @@ class Trainer:
         train_est = self.task.estimate("train", per_eval)
         metrics["final_whole_val"] = self._whole_val
         metrics["estimates"] = {
-            "final_val_loss": sample, "best_val_loss": sample, "initial_val_loss": sample,
+            "final_val_loss": sample, "best_val_loss": sample, "initial_val_loss": sample, "best_primary": sample,
             "final": f"val_*: {sample}; train_*: {train_est}", "curves.eval": f"val_*: {sample}; "
             f"train_*: {train_est}", "final_train_loss": train_est,
             "final_whole_val": whole if self._whole_val is not None else (
@@ -850,14 +992,18 @@ class Trainer:
                             "segments",
             "wall_time_s": "the training loops with their periodic evaluations, all segments; "
                            "start-up and the final whole-split evaluation are in timing"}
-        status = "complete" if self.step == tc.max_steps and not self._final_interrupted else (
+        finished = self.step == tc.max_steps or self._stopped_early is not None
+        status = "complete" if finished and not self._final_interrupted else (
             "interrupted" if self._signal is not None else "partial")
         timing = {"start_utc": self._first_start or _utc(self.started_at), "end_utc": _utc(time.time()),
                   "startup_s": self._startup_done, "startup_from": self.started_from,
                   "wall_time_s": wall_time_s, "final_eval_s": self._final_eval_s,
                   "segments": self._segments}
+        digest = self.task.data_digest()
         return {"schema": SCHEMA, "experiment": self.cfg.experiment, "preset": self.cfg.preset,
                 "config": recorded_config(self.cfg), "task": self.task.describe(), "metrics": metrics,
+                "data": {"name": self.cfg.data.name, "label": data_label(self.cfg), "path": self.cfg.data.path,
+                         "sha256": {k: v for k, v in digest.items() if v is not None}},
                 "curves": self.history,
                 "num_parameters": self.num_parameters, "model_class": type(self.raw_model).__name__,
                 "device": device, "versions": versions, "git_commit": git_commit(),

@@ -15,10 +15,28 @@ from cemlib.train.optim import WarmupCosine, make_scheduler, param_groups
 
 
 def test_unknown_experiment_and_preset_name_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown experiment 'nope'.*shakespeare-llama"):
+    with pytest.raises(ConfigError, match=r"unknown experiment 'nope' \(cemlib train --list shows all \d+\)"):
         get_config("nope", "cpu")
     with pytest.raises(ConfigError, match="unknown preset 'huge'.*known: cpu, gpu"):
         get_config("shakespeare-llama", "huge")
+
+
+def test_typos_get_a_did_you_mean_not_every_name():
+    """Issue 59, papercut: a typo of an experiment printed all 56 names; now the nearest ones."""
+    with pytest.raises(ConfigError) as err:
+        get_config("shakespeare-lama", "cpu")
+    msg = str(err.value)
+    assert "did you mean 'shakespeare-llama'" in msg and "gp-gated" not in msg
+    with pytest.raises(ConfigError, match=r"preset 'cpux' .*\(did you mean 'cpu'\?\)"):
+        get_config("shakespeare-llama", "cpux")
+    with pytest.raises(ConfigError, match=r"optim has no field 'lrr' \(did you mean 'lr'\?\)"):
+        get_config("shakespeare-llama", "cpu", ["optim.lrr=0.1"])
+    with pytest.raises(ConfigError, match=r"\['d_modle'\].*\(did you mean 'd_model'\?\)"):
+        get_config("shakespeare-llama", "cpu", ["model.d_modle=8"])
+    with pytest.raises(ConfigError, match=r"data.name='gpp' \(did you mean 'gp'\?\)"):
+        get_config("shakespeare-llama", "cpu", ["data.name=gpp"])
+    with pytest.raises(ConfigError, match=r"\['kernal'\].*\(did you mean 'kernel'\?\)"):
+        get_config("gp-gated", "cpu", ["task.kernal=rbf"])
 
 
 def test_cli_reports_config_errors_with_exit_code_2(capsys):

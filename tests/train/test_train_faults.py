@@ -155,7 +155,7 @@ def test_sigint_during_the_final_evaluation_saves_and_says_how_to_finish(tmp_pat
     t._final_whole_val = interrupted
     with pytest.raises(TrainingInterrupted, match=r"SIGINT during the final evaluation \(step 6/6\): .*last.pt "
                                                   r"and the results without the final evaluation .* saved; "
-                                                  r"finish with --resume .* \(it runs the final evaluation only\)"):
+                                                  r"finish with: cemlib train --resume .* \(it runs the final evaluation only\)"):
         t.fit()
     res = load_results(tmp_path / "results.json")
     assert res["status"] == "interrupted" and res["metrics"]["final_whole_val"] is None
@@ -271,8 +271,38 @@ def test_a_dataset_that_does_not_fit_the_model_is_one_line(tmp_path, capsys):
     """36.13: ``data.name=gp`` with a language model ended in ``KeyError: 'vocab_size'``."""
     assert main(["--experiment", "shakespeare-llama", "--set", "data.name=gp", "--set", "task.n_train=20",
                  "--set", "task.n_val=5", "--set", "task.n_test=5", "--quiet", "--out", str(tmp_path)]) == 2
-    assert "'shakespeare-llama' builds its model from 'vocab_size', which the 'gp' data (regression) do not " \
-           "provide" in one_line_error(capsys)
+    assert "data.name='gp' (regression) does not fit 'shakespeare-llama', whose model is built for the " \
+           "'shakespeare' data (language modelling): choose an experiment built for the 'gp' data instead " \
+           "(gp-cem-t1" in one_line_error(capsys)
+
+
+def test_another_kind_of_data_is_blamed_not_the_context_length(tmp_path, capsys):
+    """Issue 59: ``--set data.name=gp`` on a language model with a context length of its own blamed
+    ``train.context_length`` ("is not used by the 'gp' data; leave it unset")."""
+    assert main(["--experiment", "shakespeare-llama", "--set", "train.context_length=16", "--set", "data.name=gp",
+                 "--print-config"]) == 2
+    msg = one_line_error(capsys)
+    assert "data.name='gp' (regression) does not fit 'shakespeare-llama'" in msg and "context_length" not in msg
+
+
+@pytest.mark.parametrize("kind", ["gz", "npz"])
+def test_a_truncated_own_file_is_called_truncated_or_corrupted(tmp_path, capsys, kind):
+    """Issue 59: a truncated ``.gz`` / ``.npz`` was named, but not called truncated or corrupted."""
+    import gzip
+    from cemlib.data.sudoku import _default_path as shipped_sudoku
+    if kind == "gz":
+        good = gzip.compress(("to be or not to be " * 500).encode())
+        bad = tmp_path / "cut.txt.gz"
+        bad.write_bytes(good[: len(good) // 2])
+        args = ["--experiment", "shakespeare-llama"]
+    else:
+        bad = tmp_path / "cut.npz"
+        bad.write_bytes(shipped_sudoku().read_bytes()[:20_000])
+        args = ["--experiment", "sudoku-hyperset"]
+    assert main([*args, "--set", f"data.path={bad}", "--set", "train.max_steps=2", "--quiet",
+                 "--out", str(tmp_path / "run")]) == 2
+    msg = one_line_error(capsys)
+    assert str(bad.name) in msg and "truncated or corrupted" in msg
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")

@@ -55,9 +55,11 @@ def test_a_changed_set_or_preset_is_a_new_run_not_the_old_result(tmp_path, capsy
     assert "grid: 2 runs = 1 experiment(s) x 1 grid point(s) x 2 seed(s)" in err
     assert "0 already complete there" in err
     assert sorted(r["metrics"]["steps"] for r in results_in(out)) == [4, 4, 6, 6]
-    rows = json.loads((out / "summary.json").read_text())
+    grids = list(json.loads((out / "summary.json").read_text())["grids"].values())
+    assert len(grids) == 2  # the first grid's summary is kept beside the second's (issue 59)
     six = [r["metrics"]["final"]["test_rmse"] for r in results_in(out) if r["metrics"]["steps"] == 6]
-    assert rows[0]["test_rmse"][0] == pytest.approx(sum(six) / 2)  # the new runs, not the old ones
+    rows = grids[-1]["rows"]
+    assert rows[0]["final"]["test_rmse"]["mean"] == pytest.approx(sum(six) / 2)  # the new runs, not the old ones
     assert grid_cli(out, "--seeds", "0", "--preset", "gpu") == 0
     assert any("__gpu-" in p.name for p in out.glob("*.json"))
     assert len(results_in(out)) == 5
@@ -147,7 +149,7 @@ def test_a_diverging_run_is_recorded_and_the_grid_goes_on(tmp_path, capsys, monk
     md = (out / "summary.md").read_text()
     assert "Failed runs (not in the means above)" in md and "optim.lr-1e20" in md
     assert "| gp-gated | optim.lr=2e-3 |" in md
-    failed = [r for r in json.loads((out / "summary.json").read_text()) if r.get("status") == "failed"]
+    failed = list(json.loads((out / "summary.json").read_text())["grids"].values())[-1]["failed"]
     assert len(failed) == 1 and failed[0]["overrides"] == ["optim.lr=1e20"]
     monkeypatch.setattr(experiments, "run_config", no_training)  # the same command: nothing retrains
     assert grid_cli(out, "--grid", "optim.lr=1e-3,1e20,2e-3") == 1

@@ -302,7 +302,8 @@ def test_print_config_rejects_a_model_field_typo(capsys):
     assert main(["--experiment", "shakespeare-llama", "--print-config", "--set", "model.d_modle=64"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert err.startswith("error: model fields ['d_modle'] are not options of 'shakespeare-llama'; known:")
+    assert err.startswith("error: model fields ['d_modle'] are not options of 'shakespeare-llama' (did you mean "
+                          "'d_model'?); known:")
     with pytest.raises(ConfigError, match=r"model fields \['n_step'\]"):
         get_config("listops-nrgpt", "cpu", ["model.n_step=3"])
     with pytest.raises(ConfigError, match="model.arch must be one of"):

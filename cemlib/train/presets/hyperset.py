@@ -19,6 +19,16 @@ SUDOKU_GPU_TRAIN = dict(max_steps=2000, batch_size=64, eval_interval=250, eval_b
 DIGITS_GPU_TRAIN = dict(max_steps=400, batch_size=64, eval_interval=100, eval_batches=10, log_interval=20)
 
 
+#: the cpu presets of hard Sudoku that end near chance (1/9 of the blanks right): their 200 and 1,000
+#: steps are the CPU budget, kept because the book's stored runs were made with them
+SUDOKU_AT_CHANCE = ("at this budget the cpu preset ends near chance: cell accuracy {acc} against 1/9 = "
+                    "0.111 over the 5 stored seeds (book/results/ch09_sudoku); {easy} is the CPU setting "
+                    "that learns")
+SUDOKU_CAVEATS = {"sudoku-hyperset": SUDOKU_AT_CHANCE.format(acc="0.13-0.14", easy="sudoku-easy-hyperset-authors"),
+                  "sudoku-hyperset-authors": SUDOKU_AT_CHANCE.format(acc="0.12-0.13",
+                                                                     easy="sudoku-easy-hyperset-authors")}
+
+
 def _sudoku(arch: str) -> Experiment:
     name = f"sudoku-{arch}"
     return Experiment(name, f"hard Sudoku, a digit per blank (Hyper-SET §5.1): {ARCHS[arch]}", build_recurrent,
@@ -30,7 +40,8 @@ def _sudoku(arch: str) -> Experiment:
                                                      eval_batches=4, log_interval=10)},
                                       {"model": {"arch": arch, "d": 256, "n_heads": 8, "n_iter": 16},
                                        "optim": dict(lr=5e-4, beta2=0.99, weight_decay=0.1, warmup_steps=200),
-                                       "train": SUDOKU_GPU_TRAIN}))
+                                       "train": SUDOKU_GPU_TRAIN}),
+                      caveats={"cpu": SUDOKU_CAVEATS[name]} if name in SUDOKU_CAVEATS else {})
 
 
 def _digits(arch: str) -> Experiment:
@@ -80,7 +91,8 @@ def _sudoku_authors(arch: str) -> Experiment:
                                                  "ff_dim": 4 * 256, **SUDOKU_AUTHORS[arch]},
                                        "task": {"loss_on": "mask"},
                                        "optim": dict(lr=5e-4, beta2=0.95, weight_decay=0.1, warmup_steps=200),
-                                       "train": SUDOKU_GPU_TRAIN}))
+                                       "train": SUDOKU_GPU_TRAIN}),
+                      caveats={"cpu": SUDOKU_CAVEATS[name]} if name in SUDOKU_CAVEATS else {})
 
 
 def _digits_authors(arch: str) -> Experiment:
