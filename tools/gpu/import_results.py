@@ -15,6 +15,13 @@ record of the run: estimate, measured wall time). A file is refused, with the re
 
 Each folder that received files also gets ``summary.json`` / ``summary.md`` (mean ± std over
 seeds, as a grid writes them). The command exits with status 1 if any file was refused.
+
+An archive is read as a stream, member by member, and bounded: a results file (or the log) larger
+than :data:`MAX_MEMBER_BYTES` is refused unread, more than :data:`MAX_TOTAL_BYTES` of them in all,
+or more than :data:`MAX_STREAM_BYTES` of members of any kind or :data:`MAX_MEMBERS` members, stop
+the import (a small compressed archive can expand to gigabytes). Links and paths outside the
+target (absolute, or with ``..``) are refused by name. A damaged archive (truncated, corrupted,
+not a tar) is one line naming the file (status 2), as is an unreadable campaign log.
 """
 
 from __future__ import annotations
@@ -27,13 +34,28 @@ import re
 import subprocess
 import sys
 import tarfile
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-__all__ = ["Checked", "check_results", "read_campaign", "import_campaign"]
+__all__ = ["Checked", "check_results", "read_campaign", "import_campaign", "ArchiveError", "MAX_MEMBER_BYTES",
+           "MAX_TOTAL_BYTES", "MAX_STREAM_BYTES", "MAX_MEMBERS"]
 
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+#: the largest results file (or campaign log) read: a GPU run's results are tens of kB
+MAX_MEMBER_BYTES = 16 * 2**20
+#: the most bytes of results files (and the log) read from one archive
+MAX_TOTAL_BYTES = 256 * 2**20
+#: the most bytes of members of any kind an archive may declare (skipped members are decompressed too)
+MAX_STREAM_BYTES = 4 * 2**30
+#: the most members an archive may have
+MAX_MEMBERS = 100_000
+
+
+class ArchiveError(ValueError):
+    """A campaign archive or folder cannot be read as one (damaged, too large); the message is one
+    line naming the file."""
 
 
 @dataclass
@@ -120,28 +142,91 @@ def check_results(file: str, raw: bytes, repo: Path | None = None, plan=None) ->
     return Checked(file, data, raw, problems)
 
 
-def read_campaign(source: str | Path) -> tuple[dict[str, bytes], dict]:
-    """``({"<folder>/<name>.json": bytes}, campaign log)`` from a campaign tar or output folder."""
+def _wanted(name: str) -> bool:
+    parts = Path(name).parts
+    return name == "campaign.json" or (len(parts) == 2 and parts[1].endswith(".json"))
+
+
+def _log(raw: bytes, where: str) -> dict:
+    try:
+        log = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArchiveError(f"{where}: the campaign log campaign.json is not JSON ({err})") from None
+    if not isinstance(log, dict):
+        raise ArchiveError(f"{where}: the campaign log campaign.json is not a JSON object")
+    return log
+
+
+def read_campaign(source: str | Path, max_member: int = MAX_MEMBER_BYTES,
+                  max_total: int = MAX_TOTAL_BYTES) -> tuple[dict[str, bytes], dict, dict[str, str]]:
+    """``({"<folder>/<name>.json": bytes}, campaign log, {member: why refused})`` from a campaign
+    tar or output folder, read within the bounds of the module docstring; raises
+    :class:`ArchiveError` (one line naming ``source``) for a damaged or oversized archive."""
     source = Path(source)
     files: dict[str, bytes] = {}
+    refused: dict[str, str] = {}
     log: dict = {}
     if source.is_dir():
-        for p in sorted(source.glob("*/*.json")):
-            files[str(p.relative_to(source))] = p.read_bytes()
-        if (source / "campaign.json").is_file():
-            log = json.loads((source / "campaign.json").read_text())
-    else:
-        with tarfile.open(source) as tar:
-            for member in tar.getmembers():
-                if not member.isfile():
+        total = 0
+        for p in sorted(source.glob("*/*.json")) + ([source / "campaign.json"] if (source / "campaign.json").is_file()
+                                                     else []):
+            name = p.relative_to(source).as_posix()
+            if p.is_symlink():
+                refused[name] = "a link (only plain files are read)"
+                continue
+            size = p.stat().st_size
+            if size > max_member:
+                refused[name] = f"{size:,} bytes, more than the {max_member:,} a results file may have; not read"
+                continue
+            total += size
+            if total > max_total:
+                raise ArchiveError(f"{source}: its results files hold more than {max_total:,} bytes in all; "
+                                   f"not a campaign's output")
+            if name == "campaign.json":
+                log = _log(p.read_bytes(), str(source))
+            else:
+                files[name] = p.read_bytes()
+        return files, log, refused
+    if not source.is_file():
+        raise ArchiveError(f"{source} does not exist (give the campaign's tar or its output folder)")
+    total = stream = count = 0
+    try:
+        with tarfile.open(source, mode="r:*") as tar:
+            for member in tar:  # one header at a time: nothing is read that is not asked for
+                count += 1
+                stream += max(0, member.size)
+                if count > MAX_MEMBERS or stream > MAX_STREAM_BYTES:
+                    raise ArchiveError(f"{source.name}: more than {MAX_MEMBERS:,} members or {MAX_STREAM_BYTES:,} "
+                                       f"bytes; not a campaign export")
+                name = member.name
+                parts = Path(name).parts
+                if member.issym() or member.islnk():
+                    refused[name] = f"a link (to {member.linkname!r}); only plain files are read"
                     continue
-                raw = tar.extractfile(member).read()
-                parts = Path(member.name).parts
-                if member.name == "campaign.json":
-                    log = json.loads(raw)
-                elif len(parts) == 2 and parts[1].endswith(".json") and ".." not in parts:
-                    files[member.name] = raw
-    return files, log
+                if name.startswith("/") or ".." in parts:
+                    refused[name] = "a path outside the import's target (absolute or with ..)"
+                    continue
+                if not member.isfile() or not _wanted(name):
+                    continue
+                if member.size > max_member:
+                    refused[name] = (f"{member.size:,} bytes, more than the {max_member:,} a results file may "
+                                     f"have; not read")
+                    continue
+                total += member.size
+                if total > max_total:
+                    raise ArchiveError(f"{source.name}: its results files hold more than {max_total:,} bytes in "
+                                       f"all; not a campaign export")
+                raw = tar.extractfile(member).read(max_member + 1)
+                if name == "campaign.json":
+                    log = _log(raw, source.name)
+                else:
+                    files[name] = raw
+    except ArchiveError:
+        raise
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as err:
+        why = " ".join(str(err).split()) or type(err).__name__
+        raise ArchiveError(f"{source.name} is not a readable tar archive: truncated or corrupted ({why})") from None
+    return files, log, refused
 
 
 def _log_entry(log: dict, file: str) -> dict | None:
@@ -159,9 +244,10 @@ def import_campaign(source: str | Path, dest: str | Path = "book/results", repo:
     """Check every results file of ``source`` and copy the accepted ones into ``dest/<folder>/``
     (unless ``check_only``); returns every file's :class:`Checked`."""
     from cemlib.train.results import load_results
-    from cemlib.train.grid import summarize_runs, summary_markdown
-    files, log = read_campaign(source)
+    from cemlib.train.grid import write_summary
+    files, log, refused = read_campaign(source)
     checked = [check_results(f, raw, None if repo is None else Path(repo), plan) for f, raw in files.items()]
+    checked += [Checked(name, None, b"", [why]) for name, why in refused.items()]
     if check_only:
         return checked
     dest = Path(dest)
@@ -180,10 +266,10 @@ def import_campaign(source: str | Path, dest: str | Path = "book/results", repo:
         folders.add(target.parent)
     for folder in folders:
         results = [load_results(p) for p in sorted(folder.glob("*.json")) if p.name != "summary.json"]
-        rows = summarize_runs(results)
-        names = sorted(results[0]["metrics"]["final"])
-        (folder / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-        (folder / "summary.md").write_text(summary_markdown(rows, names))
+        write_summary(folder, results, grid={
+            "experiments": sorted({r["experiment"] for r in results}),
+            "preset": ", ".join(sorted({r["preset"] for r in results})),
+            "seeds": sorted({r["config"]["train"]["seed"] for r in results}), "overrides": []})
     return checked
 
 
@@ -194,7 +280,11 @@ def main(argv=None) -> int:
     p.add_argument("--check-only", action="store_true", help="check, copy nothing")
     p.add_argument("--no-git", action="store_true", help="do not look the commit up in this repository")
     args = p.parse_args(argv)
-    checked = import_campaign(args.source, args.dest, None if args.no_git else ".", args.check_only)
+    try:
+        checked = import_campaign(args.source, args.dest, None if args.no_git else ".", args.check_only)
+    except ArchiveError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     if not checked:
         print(f"error: no results files in {args.source}", file=sys.stderr)
         return 1
