@@ -2,6 +2,7 @@
 
     python book/rerun.py                 # every chapter in _toc.yml
     python book/rerun.py book/ch01_associative_memory.ipynb
+    python book/rerun.py book            # a folder: its chapters, in the book's order
     python book/rerun.py --check         # only check the committed notebooks, execute nothing
 
 A notebook is written back only if the fresh run passes the checks that CI relies on: no error
@@ -44,6 +45,27 @@ def chapters_from_toc(root: Path = ROOT) -> list[Path]:
     """The notebooks listed in ``_toc.yml``, in order."""
     files = re.findall(r"file:\s*(\S+)", (root / "_toc.yml").read_text())
     return [root / f"{f}.ipynb" for f in files if (root / f"{f}.ipynb").exists()]
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    """The notebooks named: a folder stands for its chapters (those of ``_toc.yml`` in it, in the
+    book's order, else every ``.ipynb`` in it); a file that is not a notebook, or a folder without
+    one, raises ``ValueError`` saying so."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            listed = [c for c in chapters_from_toc() if c.parent == p]
+            found = listed or sorted(q for q in p.glob("*.ipynb") if not q.name.endswith(".executed.ipynb"))
+            if not found:
+                raise ValueError(f"{p} is a folder that holds no notebook (.ipynb); name notebooks, or give none "
+                                 f"to run every chapter of _toc.yml")
+            out += found
+        elif p.exists() and p.suffix != ".ipynb":
+            raise ValueError(f"{p} is not a notebook (.ipynb); name chapters such as "
+                             f"book/ch01_associative_memory.ipynb, or a folder of them")
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
 
 
 def _machine_path_pattern() -> re.Pattern:
@@ -218,9 +240,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="per-cell timeout in seconds")
     args = ap.parse_args(argv)
     try:
-        paths = [p.resolve() for p in args.notebooks] or chapters_from_toc()
+        paths = expand([p.resolve() for p in args.notebooks]) if args.notebooks else chapters_from_toc()
     except OSError as err:
         print(f"error: cannot list the chapters ({_read_error(err)})", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:

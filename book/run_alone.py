@@ -1,8 +1,9 @@
 """Run chapters as Colab opens them: alone in an empty folder, with cemlib installed from a wheel.
 
 For each chapter: build the wheel of this checkout (``pip wheel``, no dependencies), install it into
-a fresh virtual environment that borrows the system's packages (``venv --system-site-packages``:
-torch, ipywidgets, nbval come from the system; cemlib comes from the wheel, which is checked), copy
+a fresh virtual environment that borrows the packages of the Python running this script
+(:func:`venv_like_this_one`: torch, ipywidgets, nbval come from it, be it a venv, conda or the
+system Python; cemlib comes from the wheel, which is checked), copy
 the notebook **alone** into an empty folder outside the repository, and run it there under nbval
 in strict mode, exactly as CI runs the chapters (the outputs must equal the committed ones). A last
 cell, appended to the copy, asserts that the kernel imported cemlib from the wheel. The stored
@@ -12,8 +13,8 @@ copy shipped in the wheel.
     python book/run_alone.py book/ch05_cem_transformer.ipynb book/ch10_four_energies_benchmark.ipynb
     python book/run_alone.py --stored          # every chapter that reads stored results
 
-Slow (each chapter runs in full): ``tests/test_chapters_alone.py`` runs it only when
-``CEMLIB_TEST_ALONE=1`` is set.
+Slow (each chapter runs in full, 2.5-5 minutes a chapter on two cores; the wheel and the venv take
+about a minute): ``tests/test_chapters_alone.py`` runs it only when ``CEMLIB_TEST_ALONE=1`` is set.
 """
 
 from __future__ import annotations
@@ -62,14 +63,43 @@ def _env() -> dict:
     return env
 
 
+def site_packages() -> list[str]:
+    """The folders the running Python imports third-party packages from (its ``site-packages`` or
+    ``dist-packages`` on ``sys.path``: a venv's, conda's or the system's alike)."""
+    out: list[str] = []
+    for entry in sys.path:
+        p = Path(entry)
+        if p.name in ("site-packages", "dist-packages") and p.is_dir() and str(p) not in out:
+            out.append(str(p))
+    return out
+
+
+def venv_like_this_one(dest: Path) -> Path:
+    """A fresh virtual environment at ``dest`` that sees the packages of the running Python, and
+    returns its python. Not ``venv --system-site-packages``: run from inside a venv, that borrows
+    the *base* interpreter's packages (no torch there), which is how the README's test command
+    failed in a virtual environment. Instead a ``.pth`` file lists this Python's package folders
+    (:func:`site_packages`; their own ``.pth`` files, an editable cemlib's among them, are not
+    run), so a wheel installed into ``dest`` is the cemlib it imports."""
+    dest = Path(dest)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=300)
+    py = dest / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True, env=_env(), timeout=120).stdout.strip()
+    Path(purelib).mkdir(parents=True, exist_ok=True)
+    (Path(purelib) / "_parent_environment.pth").write_text("".join(f"{p}\n" for p in site_packages()))
+    return py
+
+
 def make_venv(work: Path) -> Path:
-    """Build the wheel and install it into ``work/venv``; returns the venv's python."""
+    """Build the wheel and install it into ``work/venv`` (:func:`venv_like_this_one`); returns the
+    venv's python."""
     wheels = work / "wheel"
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheels)], check=True, cwd=work, env=_env())
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(work / "venv")], check=True)
-    py = work / "venv" / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+    py = venv_like_this_one(work / "venv")
+    # --force-reinstall: an (editable) cemlib of the running Python must not count as installed
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall",
                     str(next(wheels.glob("cemlib-*.whl")))], check=True, cwd=work, env=_env())
     where = subprocess.run([str(py), "-c", "import cemlib; print(cemlib.__file__)"], check=True, cwd=work,
                            env=_env(), capture_output=True, text=True).stdout.strip()

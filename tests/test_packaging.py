@@ -4,8 +4,10 @@ Before: after ``pip install .`` the digits experiments crashed (scikit-learn was
 ``build/`` was not ignored, and there was no installed command. Now every third-party package that
 cemlib imports is a declared dependency (the optional ones named below, in an extra), ``build/``
 and ``*.egg-info`` are ignored, and the ``cemlib`` command (``cemlib train``, ``cemlib generate``)
-comes with the wheel: built here, installed into a fresh virtual environment (with the system's
-site-packages, so torch is not downloaded again) and run outside the repository.
+comes with the wheel: built here, installed into a fresh virtual environment that sees the packages
+of the Python running the tests (a venv, conda or the system Python alike: ``book/run_alone.py``'s
+``venv_like_this_one``, so torch is not downloaded again) and run outside the repository. The
+wheel records the commit it was built from.
 """
 
 import ast
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from book_scripts import load
 from cemlib.cli import COMMANDS, main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +100,20 @@ def test_build_outputs_are_ignored():
     assert r.stdout.split() == probe
 
 
+def test_the_test_environments_see_the_running_pythons_packages(tmp_path):
+    """Issue 59: ``venv --system-site-packages`` run from inside a venv borrowed the base
+    interpreter's packages (no torch), so the README's test command failed in a virtual
+    environment; the venvs the tests make now see the packages of the Python running them."""
+    run_alone = load("run_alone")
+    assert any(Path(p).is_dir() for p in run_alone.site_packages())
+    py = run_alone.venv_like_this_one(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    r = subprocess.run([str(py), "-c", "import sys, torch, nbval; print(sys.prefix)"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert Path(r.stdout.strip()).resolve() == (tmp_path / "venv").resolve()
+
+
 def test_console_script_is_declared():
     assert PYPROJECT["project"]["scripts"] == {"cemlib": "cemlib.cli:main"}
 
@@ -119,13 +136,22 @@ def test_cemlib_command_dispatches_to_train_and_generate(capsys, tmp_path):
     assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: cemlib generate ")
 
 
+#: the commit the test's wheel says it was built from (setup.py reads CEMLIB_GIT_COMMIT)
+BUILT_FROM = "0123456789abcdef0123456789abcdef01234567"
+
+
 def _build_wheel(dest: Path) -> Path:
-    """The wheel of a copy of the package sources (so nothing is written into the repository)."""
+    """The wheel of a copy of the package sources (so nothing is written into the repository),
+    built by the project's setup.py (stored results left out: empty folders) from commit
+    :data:`BUILT_FROM`."""
     src = dest / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "setup.py"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "cemlib", src / "cemlib", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for stored in ("book/results", "benchmarks/results"):
+        (src / stored).mkdir(parents=True)
+    shutil.copytree(ROOT / "cemlib", src / "cemlib", ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
+                                                                                  "_build_info.json"))
     cmd = [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q", "-w", str(dest / "wheels")]
     # offline where the installed setuptools can build wheels (>= 70.1 has bdist_wheel built in)
     try:
@@ -133,8 +159,9 @@ def _build_wheel(dest: Path) -> Path:
         offline = tuple(int(x) for x in setuptools.__version__.split(".")[:2]) >= (70, 1)
     except ImportError:
         offline = False
+    env = {**os.environ, "CEMLIB_GIT_COMMIT": BUILT_FROM}
     r = subprocess.run(cmd + (["--no-build-isolation"] if offline else []), capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, env=env)
     if r.returncode and not offline:
         pytest.skip(f"cannot build the wheel without setuptools >= 70.1 here or a package index: {r.stderr[-300:]}")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -146,12 +173,11 @@ def _build_wheel(dest: Path) -> Path:
 def test_wheel_installs_the_cemlib_command_that_works_outside_the_repository(tmp_path):
     wheel = _build_wheel(tmp_path)
     venv = tmp_path / "venv"
-    # the system's site-packages provide torch & co.; no pip of its own, so the system's setuptools
-    # (torch's requirement) is not shadowed by an older bundled one
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                   check=True, timeout=120)
-    py = venv / "bin" / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    # the running Python's packages provide torch & co. (from a venv too: issue 59, where
+    # --system-site-packages reached the base interpreter, without torch); no pip of its own
+    py = load("run_alone").venv_like_this_one(venv)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "CEMLIB_GIT_COMMIT",
+                                                            "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS="1", CEMLIB_DEVICE="cpu")
     # --force-reinstall: an editable install of cemlib outside the venv must not count as installed
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--force-reinstall",
@@ -177,3 +203,12 @@ def test_wheel_installs_the_cemlib_command_that_works_outside_the_repository(tmp
         "--set", "train.eval_batches=1", "--set", "train.final_whole_eval=false", "--out", "run", "--quiet")
     sample = run("generate", "--checkpoint", "run", "--prompt", "ROMEO:", "--max-new-tokens", "10", "--seed", "0")
     assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) == 17
+    # the run records the commit the wheel was built from (issue 59: it recorded git_commit null)
+    import json
+    res = json.loads((work / "run" / "results.json").read_text())
+    assert res["git_commit"] == BUILT_FROM and res["versions"]["cemlib_build"]["git_commit"] == BUILT_FROM
+    # the weights export to safetensors and sample the same (issue 59, item 7)
+    run("export", "run")
+    again = run("generate", "--checkpoint", "run/model.safetensors", "--prompt", "ROMEO:", "--max-new-tokens", "10",
+                "--seed", "0")
+    assert again.stdout == sample.stdout
