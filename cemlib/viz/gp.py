@@ -4,7 +4,8 @@ along one line through the input cube, and a live explorer for them (Chapter 6).
 The regression inputs are 10-D, so a draw cannot be drawn whole; the book looks at it along the
 cube's main diagonal ``z = s·(1, …, 1)``, ``s ∈ [-1, 1]``, where the lengthscale, the period and the
 roughness of each kernel show directly. The explorer needs a running kernel; its static companion
-is the five-panel figure made with :func:`plot_gp_draws`.
+is the five-panel figure made with :func:`plot_gp_draws`. :func:`plot_table3_panels` draws Table 3's
+RMSE against the recursion depth beside ours, one column per kernel.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from cemlib.data.gp import KERNELS, sample_gp
 from cemlib.utils import check_positive_int
 
-__all__ = ["KERNEL_TITLES", "diagonal_inputs", "plot_gp_draws", "gp_slice_explorer"]
+__all__ = ["KERNEL_TITLES", "diagonal_inputs", "plot_gp_draws", "plot_table3_panels", "gp_slice_explorer"]
 
 KERNEL_TITLES = {"rbf": "RBF", "matern": r"Matérn $\nu=3/2$", "periodic": "periodic",
                  "rq": "rational quadratic", "nonstationary": "non-stationary"}
@@ -45,6 +46,61 @@ def plot_gp_draws(ax, kernel: str, lengthscale: float, seed: int = 0, num_draws:
     if title:
         ax.set_title(KERNEL_TITLES[kernel])
     return draws
+
+
+#: (colour, marker) of our sweeps in :func:`plot_table3_panels`, in the order given; the paper is C0
+SWEEP_STYLES = (("C2", "s"), ("C4", "D"), ("C3", "^"))
+
+
+def plot_table3_panels(paper: dict, ours: dict, kernels=KERNELS, steps=(1, 2, 4, 8),
+                       splits=("test", "train"), figsize=(12.5, 5.4)):
+    """Table 3 of CEM beside our sweeps: RMSE against the recursion depth ``T`` (log-log), one
+    column per kernel, one row per split; returns ``(fig, axes)``.
+
+    ``paper[kernel][model] = (train mean, train std, test mean, test std)`` for the models
+    ``"Gated"`` and ``"CEM-T{T}"``: the CEM means with ± one standard deviation (blue, circles) and
+    the gated MLP's mean (blue, dotted). ``ours[label][(kernel, model, split)] = (mean, half_width)``
+    (a 95 % interval, say): each sweep's CEM points with bars and its gated MLP's mean (dashed), in
+    the colours and markers of :data:`SWEEP_STYLES` (green squares, then orange diamonds); a sweep
+    may hold any subset of ``steps``."""
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    if len(ours) > len(SWEEP_STYLES):
+        raise ValueError(f"at most {len(SWEEP_STYLES)} sweeps, got {len(ours)}")
+    fig, axes = plt.subplots(len(splits), len(kernels), figsize=figsize, sharex=True, squeeze=False)
+    col = {"train": 0, "test": 2}
+    for j, kern in enumerate(kernels):
+        for i, split in enumerate(splits):
+            ax, rows, k = axes[i, j], paper[kern], col[split]
+            ax.errorbar(steps, [rows[f"CEM-T{T}"][k] for T in steps], fmt="-o", ms=4, capsize=3,
+                        yerr=[rows[f"CEM-T{T}"][k + 1] for T in steps], color="C0",
+                        label="CEM, paper (± std)")
+            ax.axhline(rows["Gated"][k], color="C0", ls=":", lw=1.2, label="gated, paper")
+            for (label, sweep), (color, marker) in zip(ours.items(), SWEEP_STYLES):
+                have = [T for T in steps if (kern, f"CEM-T{T}", split) in sweep]
+                est = [sweep[(kern, f"CEM-T{T}", split)] for T in have]
+                ax.errorbar(have, [m for m, _ in est], yerr=[h for _, h in est], fmt="-" + marker,
+                            ms=4, capsize=3, color=color, label=f"CEM, {label}")
+                if (kern, "Gated", split) in sweep:
+                    ax.axhline(sweep[(kern, "Gated", split)][0], color=color, ls="--", lw=1.2,
+                               label=f"gated, {label}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(list(steps), [str(T) for T in steps])
+            ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(mpl.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+            ax.tick_params(which="both", labelsize=7)
+            if i == 0:
+                ax.set_title(KERNEL_TITLES.get(kern, kern))
+            if i == len(splits) - 1:
+                ax.set_xlabel(r"recursion steps $T$")
+        for i, split in enumerate(splits):
+            axes[i, 0].set_ylabel(f"{split} RMSE (units of $f$)")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncol=3,
+               bbox_to_anchor=(0.5, 0.0), fontsize=8)
+    return fig, axes
 
 
 def render_gp_png(kernel: str, lengthscale: float, seed: int = 0, period: float = 2.0, alpha: float = 1.0,
