@@ -70,18 +70,20 @@ def test_curves_figure_bands_zoom_and_dashed_baseline():
     matplotlib.pyplot.close("all")
 
 
-def test_lr_sweep_figure_marks_the_akima_optimum():
+def test_lr_sweep_figure_marks_the_given_optimum():
     lrs = [0.001, 0.002, 0.004, 0.008, 0.016]
     losses = [2.0, 1.9, 1.85, 1.88, 2.1]
-    fig, optima = V.lr_sweep_figure({"a": dict(zip(lrs, losses)), "b": {0.001: 2.0, 0.002: 1.9}},
-                                    {"a": "A", "b": "B"}, colors={"a": "C1"})
-    expected = akima_optimum(lrs, losses)
-    assert set(optima) == {"a"}                                         # b has too few points
-    assert optima["a"].best_lr == pytest.approx(expected.best_lr)
+    sweep = akima_optimum(lrs, losses)
+    fig = V.lr_sweep_figure({"a": dict(zip(lrs, losses)), "b": {0.001: 2.0, 0.002: 1.9}},
+                            {"a": "A", "b": "B"}, {"a": sweep}, colors={"a": "C1"})
     ax = fig.axes[0]
     stars = [line for line in ax.lines if line.get_marker() == "*"]
-    assert len(stars) == 1 and stars[0].get_xdata()[0] == pytest.approx(expected.best_lr)
+    assert len(stars) == 1 and stars[0].get_xdata()[0] == pytest.approx(sweep.best_lr)
+    assert len([line for line in ax.lines if line.get_marker() == "o"]) == 2
     assert ax.get_xscale() == "log" and len(ax.get_xticks()) == 5
+    assert len(V.lr_sweep_figure({"b": {0.001: 2.0}}, {"b": "B"}).axes[0].lines) == 1
+    with pytest.raises(ValueError, match="without points"):
+        V.lr_sweep_figure({"b": {0.001: 2.0}}, {"b": "B"}, {"a": sweep})
     matplotlib.pyplot.close("all")
 
 

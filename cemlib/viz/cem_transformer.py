@@ -10,8 +10,8 @@ one model's stored runs). Legends are typeset labels given by the caller, axes c
   standard deviation, and the baseline's mean as a dashed line;
 - :func:`curves_figure`: mean curves with one-standard-deviation bands, and an enlarged view of
   the end of training;
-- :func:`lr_sweep_figure`: mean loss per learning rate, the Akima interpolant over
-  ``log2(lr)`` and its minimum (:func:`cemlib.evidence.lr_search.akima_optimum`);
+- :func:`lr_sweep_figure`: mean loss per learning rate, and an interpolant over ``log2(lr)`` with
+  its minimum where the caller gives one (:func:`cemlib.evidence.lr_search.akima_optimum`);
 - :func:`compute_figure`: small multiples of loss against training compute, one panel per
   comparison, the baseline dashed in each (the static companion of the chapter's live explorer).
 """
@@ -119,26 +119,28 @@ def curves_figure(curves: Mapping, labels: Mapping, baseline_prefix: str = "",
     return fig
 
 
-def lr_sweep_figure(points: Mapping, labels: Mapping, colors: Mapping | None = None,
+def lr_sweep_figure(points: Mapping, labels: Mapping, optima: Mapping | None = None,
+                    colors: Mapping | None = None,
                     ylabel: str = "final validation loss (nats per character)"):
-    """``(fig, optima)``: for each model, ``points[model] = {lr: loss}`` (the mean over seeds at each
-    learning rate) as circles, the Akima interpolant over ``log2(lr)`` as a line and its minimum as
-    a star; ``optima[model]`` is the :class:`~cemlib.evidence.lr_search.SweepResult` (models with
-    fewer than three points get none)."""
-    from cemlib.evidence.lr_search import akima_optimum
+    """For each model, ``points[model] = {lr: loss}`` (the mean over seeds at each learning rate)
+    as circles; where ``optima[model]`` is given (an interpolated sweep with ``curve_lrs``,
+    ``curve_losses``, ``best_lr`` and ``best_loss``, e.g.
+    :func:`cemlib.evidence.lr_search.akima_optimum`), its interpolant as a line and its minimum as
+    a star. The learning-rate axis is logarithmic, base 2, with the grid's values as ticks."""
     plt = _plt()
     _check_keys(list(points), labels, "models")
-    colors = dict(colors or {})
+    colors, optima = dict(colors or {}), dict(optima or {})
+    unknown = [m for m in optima if m not in points]
+    if unknown:
+        raise ValueError(f"optima for models without points: {unknown}")
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    optima = {}
     for i, (m, pts) in enumerate(points.items()):
         lrs = np.array(sorted(pts), dtype=float)
         losses = np.array([pts[lr] for lr in sorted(pts)], dtype=float)
         color = colors.get(m, f"C{i}")
         ax.plot(lrs, losses, "o", color=color, label=labels[m])
-        if len(lrs) >= 3:
-            sw = akima_optimum(lrs, losses)
-            optima[m] = sw
+        if m in optima:
+            sw = optima[m]
             ax.plot(sw.curve_lrs, sw.curve_losses, "-", color=color, lw=1.2)
             ax.plot(sw.best_lr, sw.best_loss, "*", color=color, ms=14, mec="k")
     grid = sorted({float(lr) for pts in points.values() for lr in pts})
@@ -150,7 +152,7 @@ def lr_sweep_figure(points: Mapping, labels: Mapping, colors: Mapping | None = N
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return fig, optima
+    return fig
 
 
 def compute_figure(curves: Mapping, panels: Sequence, labels: Mapping, baseline: str,
