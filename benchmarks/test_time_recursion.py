@@ -27,8 +27,11 @@ there for the next call), and its final metrics are compared with the stored run
 another CPU the re-run is another sample of the same configuration and seed, and the file says how
 far its metrics moved)::
 
-    OMP_NUM_THREADS=1 python benchmarks/test_time_recursion.py
-        # -> book/results/cem_test_time_recursion_cpu/test_time_recursion.json
+    OMP_NUM_THREADS=1 python benchmarks/test_time_recursion.py --replace
+        # -> benchmarks/results/test_time_recursion_cpu.json
+
+Without ``--replace`` (or ``--out PATH``) a stored file is kept and the run goes to a new file beside
+it (``benchmarks/outputs.py``).
 """
 
 from __future__ import annotations
@@ -51,14 +54,13 @@ from cemlib.models.probes import energy_along_depth, energy_along_recursion
 from cemlib.train import get_config, load_results, make_task, run_experiment
 from cemlib.train.results import environment_info, git_commit, same_cpu_kernels
 from cemlib.train.trained import find_checkpoint, load_trained
-from outputs import command_line
+from outputs import RESULTS, add_output_arguments, announce, command_line, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINED_T = {"shakespeare-cem": 1, "shakespeare-cem-t2": 2}
 T_GRID = (1, 2, 3, 4, 8)
 ETA_GRID = (0.5, 0.75, 1.25, 1.5)        # and 1.0, the trained step size (the T grid's trained T)
 STORED = REPO / "book" / "results" / "shakespeare_ablations_cpu"
-OUT = REPO / "book" / "results" / "cem_test_time_recursion_cpu" / "test_time_recursion.json"
 EVAL_BATCH = 128                         # windows per batch of the whole-split evaluation
 
 
@@ -175,7 +177,8 @@ def measure(experiment: str, seed: int, runs: Path, energy_windows: int, rounds:
     val = load_shakespeare(cfg.data.val_fraction).val           # the split the task evaluates
     idx = val[: energy_windows * C].view(energy_windows, C)
     out = {"experiment": experiment, "seed": seed, "trained_T": T0, "command": fresh["command"],
-           "training_wall_s_this_call": train_s, "rerun": rerun_check(experiment, seed, fresh),
+           "training_wall_s": fresh["metrics"]["wall_time_s"], "trained_in_this_call": train_s is not None,
+           "rerun": rerun_check(experiment, seed, fresh),
            "num_parameters": fresh["num_parameters"], "settings": []}
     for s in settings(T0):
         with model.recursion(**s), torch.no_grad():
@@ -241,9 +244,11 @@ def main(argv=None) -> int:
     p.add_argument("--energy-windows", type=int, default=16, help="validation windows of the energy records")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the stored runs)")
-    p.add_argument("--out", default=str(OUT), help="the JSON file (default: the stored one)")
+    add_output_arguments(p, "benchmarks/results/test_time_recursion_cpu.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    default = RESULTS / "test_time_recursion_cpu.json"
+    announce(default, args.out, args.replace)
     t0 = time.time()
     device, versions = environment_info(torch.device("cpu"))
     runs = []
@@ -256,10 +261,7 @@ def main(argv=None) -> int:
                "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "grid": {"T": list(T_GRID), "eta": [1.0, *ETA_GRID]},
                "summary": summarize(runs), "runs": runs, "wall_time_s": time.time() - t0}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1) + "\n")
-    print(f"wrote {out.name}: {len(runs)} runs in {payload['wall_time_s']:.0f} s")
+    write_json(payload, default, args.out, args.replace)
     return 0
 
 
