@@ -173,3 +173,31 @@ def test_committed_fit_report_for_a_t4():
         assert row["entries"] == len(space[name]) and row["load"] == len(loads) >= 1, name
         assert row["first_loading"] == loads[0], name
 
+
+
+@pytest.mark.slow
+def test_the_committed_report_is_what_the_kernels_compile_to(tmp_path):
+    """Compiled again for sm_90 in bf16 (ALiBi with both biases, head width 64: the case chapter 11
+    used to recompile in a cell), every kernel has the registers, local memory, dynamic shared
+    memory and per-loop instruction counts that the committed report holds, does not spill, and
+    runs its loops on ``wgmma``. The chapter now shows the committed report; this test keeps it
+    honest (it fails when a kernel changes and the report is not recompiled)."""
+    case = "v2 attention d=64 alibi+self+cross"
+    out = tmp_path / "case.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "benchmarks/compile_kernels.py", "--quick", "--arch",
+                          "90", "--case", case, "--out", str(out)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    fresh = json.loads(out.read_text())["records"]
+    report = json.loads((RESULTS / "compile_kernels.json").read_text())
+    stored = {(r["case"], r["kernel"], json.dumps(r["flags"], sort_keys=True)): r
+              for r in report["records"] if r["arch"] == "sm_90"}
+    assert {r["case"] for r in fresh} == {f"{case} bfloat16", f"{case} atomic-dq bfloat16"}
+    for r in fresh:
+        old = stored[(r["case"], r["kernel"], json.dumps(r["flags"], sort_keys=True))]
+        for field in ("registers", "local_bytes", "dynamic_shared_bytes"):
+            assert r[field] == old[field], (r["kernel"], field, r[field], old[field])
+        assert [lp["instructions"] for lp in r["loops"]] == [lp["instructions"] for lp in old["loops"]]
+        assert not r["spills"]
+    assert any(lp["opcodes"].get("HGMMA") for r in fresh for lp in r["loops"])
