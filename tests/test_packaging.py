@@ -170,6 +170,7 @@ def _build_wheel(dest: Path) -> Path:
     return wheels[0]
 
 
+@pytest.mark.slow  # builds a wheel and a venv, trains and samples in subprocesses
 def test_wheel_installs_the_cemlib_command_that_works_outside_the_repository(tmp_path):
     wheel = _build_wheel(tmp_path)
     venv = tmp_path / "venv"

@@ -107,7 +107,7 @@ class OptimConfig:
         return f"optim.warmup_fraction={self.warmup_fraction}"
 
 
-#: the learning-rate schedules after the warm-up (:class:`OptimConfig`, :mod:`cemlib.train.optim`)
+#: the learning-rate schedules after the warm-up (``optim.schedule``, :class:`OptimConfig`)
 SCHEDULES = ("cosine", "linear", "constant")
 
 

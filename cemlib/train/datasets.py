@@ -329,6 +329,8 @@ def _cifar10(cfg, *, patch_size: int = 4, val_fraction: float = 0.1, n_train: in
     return task
 
 
+#: the datasets by name (``data.name``): each a function of the config and its ``task.*`` options
+#: that returns the task
 TASKS = {"shakespeare": _shakespeare, "listops": _listops, "lis": _lis, "gp": _gp, "sudoku": _sudoku,
          "digits": _digits, "cifar10": _cifar10}
 #: the kind of task each dataset makes (:attr:`Task.kind`): a model built for one kind does not

@@ -245,9 +245,10 @@ def check_run_folder(folder: str | Path, cfg, *, resuming: bool = False, overwri
     """Make sure ``folder`` receives the run of ``cfg`` and nothing else is mixed in.
 
     An empty (or absent) folder, or one without run files, is fine. When ``resuming``, the folder
-    may hold the same run, up to the fields a resumed run may change (:data:`RESUMABLE_CHANGES`),
-    and nothing else; where the folder's results and checkpoints cannot be read, the checkpoint
-    resumed from (``resume_from``) says what it holds. Otherwise a folder that holds a run is
+    may hold the same run, up to the fields a resumed run may change
+    (:data:`~cemlib.train.checkpoint.RESUMABLE_CHANGES`), and nothing else; where the folder's
+    results and checkpoints cannot be read, the checkpoint resumed from (``resume_from``) says
+    what it holds. Otherwise a folder that holds a run is
     refused with :class:`RunFolderError`, unless ``overwrite``: then the run files (and ``extra``,
     e.g. a grid run's results file) are deleted, and returned. ``resuming`` with ``overwrite`` is
     refused before anything is deleted (it would delete the checkpoint being resumed)."""

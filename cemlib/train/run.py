@@ -78,7 +78,8 @@ def run_config(cfg: ExperimentConfig, out_dir=None, *, resume=None, until: int |
                verbose: bool = True, strategy: str = "ddp", started_at: float | None = None,
                started_from: str = "caller's start time", command: str | None = None, notes=(),
                overwrite: bool = False, results_path=None, extra: dict | None = None, log=()) -> dict:
-    """Train ``cfg`` (already validated, e.g. by :func:`get_config`) and return its results.
+    """Train ``cfg`` (already validated, e.g. by :func:`~cemlib.train.registry.get_config`) and return
+    its results.
 
     Before any data loads: the device is checked, ``out_dir`` is created, proved writable and
     held by this process alone (:func:`~cemlib.train.folders.out_dir_lock`), and must not hold

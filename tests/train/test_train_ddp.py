@@ -11,6 +11,8 @@ import textwrap
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # two torchrun processes per test
+
 WORKER = textwrap.dedent('''
     import sys
     import torch

@@ -100,6 +100,7 @@ def test_cli_rejects_unusable_out_in_one_line_before_loading_data(tmp_path, caps
 
 
 # ------------------------------------------------------------------------------ 2. SIGINT / SIGTERM
+@pytest.mark.slow  # a subprocess
 def test_sigint_saves_checkpoint_and_results_and_exits_nonzero(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "cemlib.train", *TINY_CLI, "--set", "train.max_steps=100000",

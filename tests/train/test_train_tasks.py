@@ -38,7 +38,12 @@ BUDGET = ["train.max_steps=6", "train.eval_interval=3", "train.eval_batches=2", 
           "train.log_interval=1", "optim.warmup_steps=1"]
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+#: the slowest of these on two cores: the Shakespeare stream's whole-split evaluations
+SLOW_TASKS = {"shakespeare-nrgpt"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TASKS else n
+                                  for n in sorted(TINY)])
 def test_task_trains_and_resumes_exactly(name, tmp_path):
     ovr = TINY[name] + BUDGET
     full = run_experiment(name, "cpu", ovr, out_dir=tmp_path / "full", verbose=False)
@@ -248,4 +253,4 @@ def test_grid_sweep_writes_runs_and_a_summary(tmp_path):
     assert mean > 0 and std > 0  # two seeds differ
     md = (tmp_path / "summary.md").read_text()
     assert "| gp-gated | model.d_ff=16 |" in md and "±" in md
-    assert summary_markdown(rows, ["test_rmse"]) == md
+    assert summary_markdown(rows, ["test_rmse"]) in md and rows.markdown in md
