@@ -1,7 +1,10 @@
 """Chapters run opened alone, as Colab opens them (``book/run_alone.py``).
 
-The long test, opt-in (``CEMLIB_TEST_ALONE=1``): a wheel of this checkout in a fresh venv, and each
-chapter that reads stored results run under nbval from an empty folder outside the repository. A
+The long test, opt-in (``CEMLIB_TEST_ALONE=1``): a wheel of this checkout in a fresh venv that sees the
+packages of the Python running the tests (a venv, conda or the system Python alike:
+``run_alone.venv_like_this_one``), and each chapter that reads stored results run under nbval from an
+empty folder outside the repository: about a minute for the wheel and the venv, then 2.5-5 minutes a
+chapter on two cores (9 chapters, 30-45 minutes in all). A
 chapter that still reads them by a path next to the notebook is expected to fail (strict xfail:
 once it uses ``cemlib.evidence.stored.stored_path`` the mark goes away by itself). The fast tests always run.
 """
