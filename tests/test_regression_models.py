@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from cemlib.layers.cem_mlp import CEMMLP
-from cemlib.models.regression import MLPRegressor, count_matmul_flops, regressor_matmul_flops
+from cemlib.kernels.costs import count_flops
+from cemlib.models.regression import MLPRegressor, regressor_matmul_flops
 
 f64 = torch.float64
 
@@ -90,17 +91,17 @@ def test_flops_affine_in_T_and_closed_form():
     counted = {}
     for T in (1, 2, 3, 4, 8):
         m = MLPRegressor(10, 1, 64, 170, "cem", T=T)
-        counted[T] = count_matmul_flops(m, x)
+        counted[T] = count_flops(lambda: m(x))
         assert counted[T] == regressor_matmul_flops(10, 64, 170, "cem", T, batch=100)
     step = counted[2] - counted[1]
     assert step == 2 * 2 * 64 * 170 * 100          # V u and V^T(.) per step, 2 FLOPs per multiply-add
     for T in (3, 4, 8):
         assert counted[T] == counted[1] + (T - 1) * step
-    gated = count_matmul_flops(MLPRegressor(10, 1, 64, 170, "gated", bias=True), x)
+    gated = count_flops(lambda: MLPRegressor(10, 1, 64, 170, "gated", bias=True)(x))
     assert gated == counted[1]                      # CEM-T1 costs the gated block's FLOPs
     assert 3 * step == 2 * (gated - regressor_matmul_flops(10, 64, 170, "gated", batch=100)
                             + 3 * 2 * 64 * 170 * 100)  # an extra step is 2/3 of the gated block's matmuls
-    plain = count_matmul_flops(MLPRegressor(10, 1, 64, 256, "plain"), x)
+    plain = count_flops(lambda: MLPRegressor(10, 1, 64, 256, "plain")(x))
     assert plain == regressor_matmul_flops(10, 64, 256, "plain", batch=100)
     with pytest.raises(ValueError, match="mlp"):
         regressor_matmul_flops(10, 64, 170, "moe")

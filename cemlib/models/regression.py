@@ -23,7 +23,7 @@ from cemlib.layers.llama import SwiGLU
 from cemlib.layers.norm import RMSNorm
 from cemlib.utils import check_positive_int
 
-__all__ = ["MLPRegressor", "MLP_KINDS", "count_matmul_flops", "regressor_matmul_flops"]
+__all__ = ["MLPRegressor", "MLP_KINDS", "regressor_matmul_flops"]
 
 MLP_KINDS = ("plain", "gated", "cem")
 
@@ -113,18 +113,10 @@ class MLPRegressor(nn.Module):
         return self.out(self.norm(h))
 
 
-def count_matmul_flops(model: nn.Module, x: torch.Tensor) -> int:
-    """Forward FLOPs of ``model(x)`` counted by :class:`torch.utils.flop_counter.FlopCounterMode`:
-    2 per multiply-add of every matrix product (``mm``, ``addmm``, ``bmm``, ...); element-wise work
-    (norms, activations, bias adds, residual adds) is not counted."""
-    from cemlib.kernels.costs import count_flops
-    with torch.no_grad():
-        return count_flops(lambda: model(x))
-
-
 def regressor_matmul_flops(in_dim: int, d_model: int, d_ff: int, mlp: str = "gated", T: int = 1,
                            out_dim: int = 1, n_layers: int = 1, batch: int = 1) -> int:
-    """Closed form of :func:`count_matmul_flops` for :class:`MLPRegressor` on ``batch`` inputs:
+    """The matrix-product FLOPs of :class:`MLPRegressor` on ``batch`` inputs, in closed form (what
+    :func:`cemlib.kernels.costs.count_flops` counts of a forward pass):
     ``2 B (d_in D_h + D_h d_out + L F_block)`` with ``F_block`` = ``2 D_h d_ff`` (plain),
     ``3 D_h d_ff`` (gated) or ``D_h d_ff (1 + 2T)`` (CEM: ``gamma = W RMSNorm(h)`` once, then
     ``V u`` and ``V^T (.)`` at each of the T steps). Affine in T for the CEM block."""
