@@ -110,6 +110,10 @@ def get_config(experiment: str, preset: str, overrides: list[str] | tuple = (),
                               f"{'' if 'optim.warmup_steps' in given else ' (the preset' + chr(39) + 's)'}, which "
                               f"wins; also give --set optim.warmup_steps=none to use the fraction, or set "
                               f"optim.warmup_steps instead")
+        if "optim.min_lr_ratio" in given and cfg.optim.schedule == "constant":
+            raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} is not used by optim.schedule=constant "
+                              f"(the learning rate stays at optim.lr after the warm-up); choose optim.schedule="
+                              f"cosine or linear to decay to it")
     _check_model_fields(cfg)
     _check_data_kind(cfg, base)
     check_data_config(cfg, base)

@@ -53,6 +53,8 @@ def test_three_schedules_each_with_warm_up():
     with pytest.raises(ConfigError, match=r"optim.schedule must be one of cosine, linear, constant, got "
                                           r"'linaer' \(did you mean 'linear'\?\)"):
         get_config("shakespeare-llama", "cpu", ["optim.schedule=linaer"])
+    with pytest.raises(ConfigError, match="optim.min_lr_ratio=0.5 is not used by optim.schedule=constant"):
+        get_config("shakespeare-llama", "cpu", ["optim.schedule=constant", "optim.min_lr_ratio=0.5"])
 
 
 def test_new_fields_at_their_defaults_keep_every_run_id():
