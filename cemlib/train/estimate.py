@@ -46,9 +46,13 @@ class Estimate:
 
     def text(self) -> str:
         """``"about 3.2 min on a CPU (stored runs: ...)"``."""
-        where = "a CPU" if self.device == "CPU" else f"an {self.device}" if self.device[:1] in "AEIOU" \
-            else f"a {self.device}"
+        where = "a CPU" if self.device == "CPU" else _article(self.device)
         return f"about {duration(self.seconds)} on {where} ({self.basis})"
+
+
+def _article(name: str) -> str:
+    """``"an NVIDIA H200"``, ``"an AMD EPYC"``, ``"a Tesla T4"``."""
+    return f"an {name}" if name[:1].upper() in "AEIOU" or name.upper().startswith(("NVIDIA", "RTX")) else f"a {name}"
 
 
 def duration(seconds: float) -> str:
@@ -124,7 +128,7 @@ def stored_estimate(cfg, device_type: str = "cpu") -> Estimate | None:
     names = sorted({r[1] for r in runs})
     threads = sorted({r[2] for r in runs if r[2]})
     device = "CPU" if device_type == "cpu" else names[0]
-    on = f"{', '.join(map(str, threads))} thread{'s' * (threads != [1])} of an {names[0]}" \
+    on = f"{', '.join(map(str, threads))} thread{'s' * (threads != [1])} of {_article(names[0])}" \
         if device_type == "cpu" and threads else names[0]
     return Estimate(seconds, device, f"median of {len(runs)} stored run{'s' * (len(runs) > 1)} on {on}")
 

@@ -150,7 +150,7 @@ def test_list_shows_stored_cpu_times_and_caveats(capsys):
     block = out[out.index("shakespeare-llama "):].split("\n")[:3]
     assert re.search(r"cpu: about \d+ s on a CPU \(median of \d+ stored runs on .* threads? of an", block[1])
     sudoku = out[out.index("sudoku-hyperset "):].split("\n")[:4]
-    assert any("cpu: note: at this budget the cpu preset ends near chance" in line for line in sudoku)
+    assert any("cpu: note: at this budget (200 steps) the cpu preset ends near chance" in line for line in sudoku)
     assert "no stored run (--estimate measures it here)" in out
 
 
