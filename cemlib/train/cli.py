@@ -74,7 +74,7 @@ from cemlib.train.folders import RunFolderError, default_out_dir, folder_run, re
 from cemlib.train.grid import grid_size, grid_sweep, plan_grid
 from cemlib.train.results import ResultsError, read_json
 from cemlib.train.tasks import TaskDataError
-from cemlib.train.estimate import duration
+from cemlib.train.estimate import about
 from cemlib.train.trainer import TrainingInterrupted
 
 
@@ -431,7 +431,7 @@ def _estimate(cfg: ExperimentConfig) -> None:
     est = measured_estimate(model, task, cfg, device)
     print(f"here: {est.text()}")
     if est.first_eval_s is not None:
-        print(f"the first evaluation (step 0) alone: about {duration(est.first_eval_s)}")
+        print(f"the first evaluation (step 0) alone: {about(est.first_eval_s)}")
 
 
 def _summary_line(res: dict, out: Path, results_path: Path) -> str:

@@ -14,8 +14,9 @@ Two sources, each named in what it returns (:class:`Estimate`):
   as a warning, and ``cemlib train --estimate`` prints it for any configuration.
 
 Both are estimates: another load on the machine, another thread count or another CPU change the
-time (a measured step on a busy CPU overestimates, the stored runs' CPU may be faster or slower
-than this one).
+time (the stored runs' CPU may be faster or slower than this one; the measured step is the best of
+a few, so a busy CPU makes the run itself slower than measured), and for a small model the
+trainer's own work per step (logging, the progress line) weighs more than the measured parts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["Estimate", "stored_results_folder", "stored_estimate", "measured_estimate", "duration",
+__all__ = ["Estimate", "stored_results_folder", "stored_estimate", "measured_estimate", "duration", "about",
            "evaluation_examples"]
 
 
@@ -47,12 +48,17 @@ class Estimate:
     def text(self) -> str:
         """``"about 3.2 min on a CPU (stored runs: ...)"``."""
         where = "a CPU" if self.device == "CPU" else _article(self.device)
-        return f"about {duration(self.seconds)} on {where} ({self.basis})"
+        return f"{about(self.seconds)} on {where} ({self.basis})"
 
 
 def _article(name: str) -> str:
     """``"an NVIDIA H200"``, ``"an AMD EPYC"``, ``"a Tesla T4"``."""
     return f"an {name}" if name[:1].upper() in "AEIOU" or name.upper().startswith(("NVIDIA", "RTX")) else f"a {name}"
+
+
+def about(seconds: float) -> str:
+    """``"about 43 s"``, or ``"under a second"``."""
+    return "under a second" if seconds < 1 else f"about {duration(seconds)}"
 
 
 def duration(seconds: float) -> str:
@@ -149,6 +155,29 @@ def evaluation_examples(task, cfg, micro: int) -> tuple[int, int]:
     return per_eval, evaluations
 
 
+def _update_seconds(model: nn.Module, task, tc) -> float:
+    """The measured time of what a step does besides the forward and backward passes: drawing the
+    batch, the gradient norm and clipping, and an AdamW update, on copies of the parameters (the
+    model and its gradients are not touched); the best of three after an untimed one."""
+    params = [p.detach().clone().requires_grad_(True) for p in model.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    for q in params:
+        q.grad = torch.full_like(q, 1e-3)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    best = math.inf
+    for i in range(4):
+        t0 = time.perf_counter()
+        task.train.micro_batch(i, tc.batch_size, 0, max(1, tc.batch_size // tc.grad_accum))
+        norm = nn.utils.get_total_norm([q.grad for q in params])
+        nn.utils.clip_grads_with_norm_(params, 1.0, norm)
+        opt.step()
+        bool(torch.stack([torch.isfinite(q).all() for q in params]).all())  # the trainer's finite check
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measured_estimate(model: nn.Module, task, cfg, device: torch.device, budget_s: float = 1.0) -> Estimate:
     """Time forward and backward passes of ``model`` on training examples on ``device`` and scale
     them to ``cfg``'s run (see the module docstring): one example first, then twice as many while a
@@ -188,14 +217,16 @@ def measured_estimate(model: nn.Module, task, cfg, device: torch.device, budget_
             for p, g in grads.items():
                 p.grad = g
             model.train(was_training)
+    update = _update_seconds(model, task, tc)
     per_example = t / m
     per_eval, evaluations = evaluation_examples(task, cfg, micro)
-    train_s = per_example * tc.batch_size * tc.max_steps
+    train_s = (per_example * tc.batch_size + update) * tc.max_steps
     eval_each = per_example / 3 * per_eval
     n = torch.get_num_threads()
     threads = f" ({n} thread{'s' * (n != 1)})" if device.type == "cpu" else ""
     basis = (f"measured here{threads}: a forward and backward pass of {m} example{'s' * (m > 1)} took "
-             f"{t:.2g} s; x {tc.batch_size} examples x {tc.max_steps} steps, and {evaluations} "
+             f"{t:.2g} s, an optimiser update {update:.2g} s; x {tc.batch_size} examples and 1 update x "
+             f"{tc.max_steps} steps, and {evaluations} "
              f"evaluations of {per_eval:,} examples; start-up not included")
     dev = "CPU" if device.type == "cpu" else (torch.cuda.get_device_name(device) if device.type == "cuda"
                                                else device.type.upper())

@@ -62,10 +62,10 @@ def _busy_cpu_note(device) -> str | None:
 def _gpu_preset_on_cpu(cfg: ExperimentConfig, model, task, device) -> str:
     """What a ``gpu`` preset started on a CPU is in for: the time measured here (a step of the
     built model, :func:`~cemlib.train.estimate.measured_estimate`) and what to run instead."""
-    from cemlib.train.estimate import duration, measured_estimate, stored_estimate
+    from cemlib.train.estimate import about, measured_estimate, stored_estimate
     est = measured_estimate(model, task, cfg, device)
-    first = f"; its first evaluation (step 0, before any line is printed) alone about " \
-            f"{duration(est.first_eval_s)}" if est.first_eval_s else ""
+    first = f"; its first evaluation (step 0, before any line is printed) alone {about(est.first_eval_s)}" \
+        if est.first_eval_s else ""
     cpu = ""
     if "cpu" in EXPERIMENTS[cfg.experiment].presets:
         stored = stored_estimate(EXPERIMENTS[cfg.experiment].presets["cpu"], "cpu")
