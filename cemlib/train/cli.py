@@ -70,9 +70,9 @@ from cemlib.train.run import run_config
 from cemlib.train.batches import DataMismatchError
 from cemlib.train.checkpoint import CheckpointError, load_checkpoint
 from cemlib.train.config import ConfigError, ExperimentConfig, check_keys
-from cemlib.train.folders import RunFolderError, default_out_dir, folder_run, resolve_checkpoint
+from cemlib.train.folders import RunFolderError, default_out_dir, resolve_checkpoint
 from cemlib.train.grid import grid_size, grid_sweep, plan_grid
-from cemlib.train.results import ResultsError, read_json
+from cemlib.train.results import ResultsError, load_results, read_json
 from cemlib.train.tasks import TaskDataError
 from cemlib.train.estimate import about
 from cemlib.train.trainer import TrainingInterrupted
@@ -365,12 +365,14 @@ def _single(args, experiment, preset, overrides, checkpoint, payload, started_at
         if payload is None:
             payload = load_checkpoint(resume)
         step = int(payload["step"])
-        finished = _finished(payload, cfg, out)
+        stored = Path(os.path.normpath(out / run["results"])) if run.get("results") and not args.out else \
+            out / "results.json"
+        finished = _finished(payload, cfg, stored)
         if finished:
             if int(os.environ.get("RANK", "0")) == 0:
                 print(f"{experiment} ({preset}) in {out} already finished: {finished}; nothing to train (results "
-                      f"in {out / 'results.json'}; a longer run is a new run: --set train.max_steps=N without "
-                      f"--resume)", file=sys.stderr)
+                      f"in {stored}; a longer run is a new run: --set train.max_steps=N without --resume)",
+                      file=sys.stderr)
             return 0
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"resuming {experiment} ({preset}) from step {step}/{cfg.train.max_steps} ({resume}) in {out}",
@@ -403,14 +405,19 @@ def printed_config(cfg: ExperimentConfig) -> dict:
     return d
 
 
-def _finished(payload: dict, cfg: ExperimentConfig, out: Path) -> str | None:
+def _finished(payload: dict, cfg: ExperimentConfig, results: Path) -> str | None:
     """Why the run of ``payload`` needs no more training (``None`` if it does): it reached
-    ``train.max_steps`` (or stopped early) and its folder holds its complete results."""
+    ``train.max_steps`` (or stopped early) and its results file (``results``) says complete."""
     stopped = payload.get("stopped_early")
     done = int(payload["step"]) >= cfg.train.max_steps or (
         stopped and stopped.get("patience") == cfg.train.patience)
-    held = folder_run(out) if done else None
-    if not held or held["status"] != "complete":
+    if not done:
+        return None
+    try:
+        res = load_results(results)
+    except ResultsError:
+        return None
+    if res.get("status", "complete") != "complete" or res["metrics"].get("steps") != int(payload["step"]):
         return None
     if stopped:
         return f"stopped early at step {payload['step']}/{cfg.train.max_steps} (train.patience={stopped['patience']})"

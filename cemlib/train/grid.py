@@ -50,12 +50,13 @@ def grid_runs(experiments, grid: dict | None = None, seeds=(0,)) -> list[tuple[s
 
 class Spread(tuple):
     """``(mean, std)`` over seeds, unpacked as a pair; ``std`` is the sample standard deviation
-    (``ddof=1``; 0 for one seed), ``n`` the number of seeds and ``values`` ``{seed: value}``."""
+    (``ddof=1``; ``None`` for one seed, where it is not defined), ``n`` the number of seeds and
+    ``values`` ``{seed: value}``."""
 
     def __new__(cls, values: dict):
         v = np.asarray(list(values.values()), dtype=float)
         mean = float(v.mean()) if len(v) else math.nan
-        std = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+        std = float(v.std(ddof=1)) if len(v) > 1 else None
         out = super().__new__(cls, (mean, std))
         out.n, out.values = len(v), dict(values)
         return out
@@ -127,8 +128,8 @@ def summarize_runs(results: list[dict], metrics=None) -> list[dict]:
     return rows
 
 
-_STAT = ("mean ± sample standard deviation (ddof = 1) over the n seeds; final: the last evaluation; "
-         "best: the best evaluation by the primary metric")
+_STAT = ("mean ± sample standard deviation (ddof = 1) over the n seeds (one seed: its value); final: the "
+         "last evaluation; best: the best evaluation by the primary metric")
 
 
 def summary_markdown(rows: list[dict], metrics=None) -> str:
@@ -152,15 +153,21 @@ def summary_markdown(rows: list[dict], metrics=None) -> str:
     for r in rows:
         cells = [r["experiment"], " ".join(r["overrides"]) or "-", f"{r['num_parameters']:,}", str(len(r["seeds"]))]
         for m in names:
-            cells.append(f"{r[m][0]:.4g} ± {r[m][1]:.2g}")
+            cells.append(_cell(r[m]))
             if m == primary and has_best:
-                cells.append(f"{r['best'][0]:.4g} ± {r['best'][1]:.2g}")
+                cells.append(_cell(r["best"]))
         lines.append("| " + " | ".join(cells) + " |")
     del cells_for
     mode = rows[0].get("primary_mode", "min")
     note = (f"\n★ primary metric: {primary} ({'lower' if mode == 'min' else 'higher'} is better). "
             if primary else "\n")
     return "\n".join(lines) + "\n" + note + _STAT + ".\n"
+
+
+def _cell(spread) -> str:
+    """``mean ± std``, or the value alone for one seed (no spread to state)."""
+    mean, std = spread
+    return f"{mean:.4g}" if std is None else f"{mean:.4g} ± {std:.2g}"
 
 
 def _row_json(row: dict) -> dict:
