@@ -97,8 +97,9 @@ def test_page_does_not_point_into_the_test_folder():
 
 def test_counts_and_rendering():
     c = errata.counts()
-    assert sum(n["errors"] + n["ambiguities"] + n["choices"] + n["not_errors"] for n in c.values()) == len(ERRATA)
-    assert all(n["errors"] == n["proved"] + n["reading"] for n in c.values())
+    keys = ("errors", "slips", "ambiguities", "choices", "not_errors")
+    assert sum(n[k] for n in c.values() for k in keys) == len(ERRATA)
+    assert sum(n["proved"] for n in c.values()) == sum(e.computable for e in ERRATA)
     e = errata.by_id("nrgpt-eq24")
     card = errata.markdown_card(e, proved_here=True)
     assert "`nrgpt-eq24`" in card and "checked in the cell above" in card
@@ -109,20 +110,84 @@ def test_counts_and_rendering():
         errata.by_id("no-such-entry")
 
 
-def test_ambiguities_and_choices_are_separate_and_say_why():
-    others = [e for e in ERRATA if e.status in ("ambiguity", "stated choice")]
-    # the four the issue names, at least, are not errors
-    assert {"cem-alibi-slopes", "cem-effective-batch", "hs-vmf-relu", "hs-radius"} <= {e.id for e in others}
-    assert all(e.why.strip() for e in others)
-    table = errata.markdown_reasons(ERRATA)
-    assert table.count("\n") == len(others) + 1 and "`hs-radius`" in table and "`nrgpt-eq24`" not in table
-    card = errata.markdown_card(errata.by_id("hs-vmf-relu"), proved_here=True)
-    assert "*Status:* stated choice" in card and "*Our reading:*" in card
-    assert "*Correct:*" in errata.markdown_card(errata.by_id("nrgpt-eq24"), proved_here=True)
-    with pytest.raises(ValueError, match="needs its why"):
-        errata.Erratum("x-y", "nrgpt2025", "§1", "p", "c", "reading", "h", status="ambiguity")
-    with pytest.raises(ValueError, match="status"):
-        errata.Erratum("x-y", "nrgpt2025", "§1", "p", "c", "reading", "h", status="typo")
+def test_three_kinds_are_counted_apart():
+    """The page's summary gives substantive errors, typesetting slips and ambiguities or stated
+    choices as three counts (and the items that are not errors as a fourth), each from the registry."""
+    k = errata.kind_counts()
+    assert list(k) == [*errata.KINDS, "not an error"]
+    assert sum(k.values()) == len(ERRATA)
+    assert k["substantive errors"] == sum(e.status == "error" for e in ERRATA)
+    assert k["typesetting slips"] == sum(e.status == "slip" for e in ERRATA)
+    assert k["ambiguities and stated choices"] == sum(e.status in ("ambiguity", "stated choice") for e in ERRATA)
+    summary = errata.markdown_kinds(ERRATA)
+    assert summary.count("\n") == len(PAPERS) + 2
+    total = summary.splitlines()[-1]
+    assert total == "| **all four** | " + " | ".join(f"**{n}**" for n in k.values()) + \
+        f" | **{sum(e.computable for e in ERRATA)}** |"
+    # the page glues the counts into its prose instead of typing them
+    nb = nbformat.read(PAGE, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for key in ("errata-n-errors", "errata-n-slips", "errata-n-ambiguities", "errata-n-not"):
+        assert f"{{glue:text}}`{key}`" in text
+    assert not re.search(r"\b\d+ errors\b", text)
+
+
+def test_slips_are_not_substantive_errors():
+    """A sign, index or label typo whose intent is clear, and a strict inequality where only the
+    non-strict one holds, are slips; their cards still say what is correct."""
+    for i in ("cem-alibi-sign", "cem-one-third", "cem-eq15-label", "nrgpt-prop21-strict", "nrgpt-eq19-shape",
+              "io-lemma1-log", "io-removing-wv", "hs-table19-sign"):
+        e = errata.by_id(i)
+        assert e.status == "slip" and e.kind == "typesetting slips", i
+        assert "*Correct:*" in errata.markdown_card(e, proved_here=e.computable), i
+    assert "\\le0" in errata.by_id("nrgpt-prop21-strict").correct
+
+
+def test_the_overstated_entries():
+    """Issue 55: the per-head preconditioner is a property of the design (no state-independent
+    matrix, not "no matrix"); the learned step's free sign is an empirical finding the paper reports;
+    the two Jacobian entries of Hyper-SET are one entry with the constraint set, whose proof and
+    tests they keep."""
+    per_head = errata.by_id("cem-per-head-precond")
+    assert per_head.status == "not an error" and per_head.computable
+    assert "state-independent" in per_head.correct
+    assert not any(re.search(r"for any single matrix|no matrix", e.correct) for e in ERRATA)
+    assert errata.by_id("hs-alpha-sign").status == "not an error"
+    ids = {e.id for e in ERRATA}
+    assert not {"hs-eq9-jacobian", "hs-eq11-jacobian"} & ids
+    merged = errata.by_id("hs-no-projection")
+    assert merged.status == "error" and "Jacobian" in merged.correct and "9, 11" in merged.where
+    assert "test_hyperset.py::test_rmsnorm_update_drops_the_jacobian_exactly" in merged.tests
+
+
+def test_prop_2_1_has_one_verdict():
+    """NRGPT's Proposition 2.1 (every c > 0, a finite-step decrease) is false as printed; its proof
+    gives the continuous-time rate; a finite step descends only for a small enough c. The strict
+    inequality is a separate slip."""
+    e = errata.by_id("nrgpt-prop21-discrete")
+    assert e.status == "error"
+    assert e.correct.startswith("false as printed") and "small enough $c$" in e.correct
+    assert "continuous-time" in e.correct and "every $c>0$" in e.correct
+    assert "c\\in\\mathbb R_{>0}" in e.printed
+    assert errata.by_id("nrgpt-prop21-strict").status == "slip"
+
+
+def test_anchors_other_pages_use_exist():
+    """Every target of the errata page another page links to ({ref}`errata-...`) is defined on it."""
+    nb = nbformat.read(PAGE, as_version=4)
+    defined = set(re.findall(r"^\(([\w-]+)\)=\s*$", "\n".join(c.source for c in nb.cells if c.cell_type == "markdown"),
+                             re.M))
+    used = set()
+    for path in sorted((ROOT / "book").glob("*.ipynb")) + sorted((ROOT / "book").glob("*.md")):
+        if path == PAGE:
+            continue
+        if path.suffix == ".ipynb":
+            text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        else:
+            text = path.read_text(encoding="utf-8")
+        used |= set(re.findall(r"\{ref\}`(?:[^`<]*<)?(errata-[\w-]+)>?`", text))
+        used |= set(re.findall(r"\{doc\}`errata#(errata-[\w-]+)`", text))
+    assert used and used <= defined, sorted(used - defined)
 
 
 def test_eq37_card_quotes_what_the_paper_prints():

@@ -20,11 +20,20 @@ Fields of :class:`Erratum`:
 - ``chapter`` / ``label``: the book chapter that discusses it (file name without suffix) and the
   MyST target of its erratum there (both empty when no chapter does).
 - ``tests``: ids of ``cemlib`` unit tests that also show it, ``"test_file.py::test_function"``.
-- ``status``: one of :data:`STATUS`: ``"error"`` (something printed is false); ``"ambiguity"`` (the text
-  admits more than one reading, is inconsistent in notation only, or leaves out what a reader needs to
-  reproduce it, without printing anything false); ``"stated choice"`` (the authors say it is a choice:
-  a surrogate, an example, a convention; we record what it implies); ``"not an error"`` (an item that
-  looks like an error, or that an earlier reading of ours overstated).
+- ``status``: one of :data:`STATUS`, which the page groups in three kinds (:data:`KINDS`) and the
+  items that are no errors:
+
+  - ``"error"``, a **substantive error**: a printed statement (a formula, a claim, a proof step) is
+    false, and a reader who followed it would compute or believe something wrong;
+  - ``"slip"``, a **typesetting slip**: a sign, index, label, symbol or factor typo, a reporting slip
+    in a table, or a strict inequality where only the non-strict one holds, whose intended meaning
+    is clear from the paper itself (another equation, the other version, the code it describes);
+  - ``"ambiguity"`` (the text admits more than one reading, changes its notation, or leaves out what
+    a reader needs to reproduce it, without printing anything false) and ``"stated choice"`` (the
+    authors say it is a choice: a surrogate, an example, a convention; we record what it implies),
+    together the **ambiguities and stated choices**;
+  - ``"not an error"``: an item that looks like an error, or that an earlier reading of ours
+    overstated (a property of a design, a finding the paper reports as one), with the reason.
 - ``why``: for an ambiguity or a stated choice, why it is not an error (the page shows it).
 """
 
@@ -48,15 +57,23 @@ EVIDENCE = {
     "reading": "nothing to compute: notation, wording, typesetting or reporting",
 }
 
-STATUS = ("error", "ambiguity", "stated choice", "not an error")
+STATUS = ("error", "slip", "ambiguity", "stated choice", "not an error")
 #: what each status means, as the page says it
 STATUS_TEXT = {
-    "error": "something printed is false",
+    "error": "a printed statement is false, and following it gives a wrong result",
+    "slip": "a sign, index, label or factor typo, a table slip, or a strict inequality where only the "
+            "non-strict one holds, whose intended meaning is clear from the paper itself",
     "ambiguity": "the text admits more than one reading, changes its notation, or leaves out what a reader "
                  "needs to reproduce it, without printing anything false",
     "stated choice": "the authors say it is a choice (a surrogate, an example, a convention); we record what "
                      "the choice implies",
     "not an error": "it looks like an error, or an earlier reading of ours called it one, and it is not",
+}
+#: the three kinds of the page (and the statuses each one groups), in the order the page counts them
+KINDS = {
+    "substantive errors": ("error",),
+    "typesetting slips": ("slip",),
+    "ambiguities and stated choices": ("ambiguity", "stated choice"),
 }
 
 
@@ -86,6 +103,11 @@ class Erratum:
     def family(self) -> str:
         """The paper family (a key of :data:`PAPERS`)."""
         return next(f for f, (_, keys) in PAPERS.items() if self.paper in keys)
+
+    @property
+    def kind(self) -> str:
+        """The page's kind of the entry (a key of :data:`KINDS`), or ``"not an error"``."""
+        return next((k for k, sts in KINDS.items() if self.status in sts), "not an error")
 
     @property
     def computable(self) -> bool:
@@ -123,13 +145,18 @@ ERRATA: tuple[Erratum, ...] = (
        r"one scale throughout (the ICLR version uses $\sqrt{D_h}$ everywhere); the two give different "
        r"layers for the same weights",
        "counterexample", "the same weights read with the other $\\tau$ change the update",
-       version="arXiv", chapter="ch02_attention_gradient_step", label="ch02-erratum-attention-scale"),
+       version="arXiv", chapter="ch02_attention_gradient_step", label="ch02-erratum-attention-scale",
+       status="ambiguity",
+       why=r"two scales are printed for one layer ($\sqrt{D_r}$ in eqs. 1 and 5, $\sqrt{D_h}$ in App. A.1; the ICLR "
+           r"version prints $\sqrt{D_h}$ throughout); each is a consistent layer, and which one the "
+           r"experiments used cannot be told from the paper"),
     _e("cem-alibi-sign", _CEMI, "App. B",
        r"$b_{ijk}=+m_k|i-j|$ (and $+m_k|i-j|+b_{i=j}+b_{i\neq j}$)",
        r"$b_{ijk}=-m_k|i-j|$, as in ALiBi and the arXiv version",
        "counterexample", "with the printed sign the weights grow with distance",
        version="ICLR", chapter="ch02_attention_gradient_step", label="ch02-erratum-alibi-sign",
-       tests=("test_cem_energies.py::test_alibi_sign_arxiv_prefers_near_tokens",)),
+       tests=("test_cem_energies.py::test_alibi_sign_arxiv_prefers_near_tokens",),
+       status="slip"),
     _e("cem-alibi-slopes", _CEM, "App. B",
        r"slopes “geometric, e.g. $m_k=2^{-k}$”",
        r"ALiBi's rule is $m_k=2^{-8k/K}$; it equals $2^{-k}$ only for $K=8$ (the paper's models have $K=12$)",
@@ -162,12 +189,14 @@ ERRATA: tuple[Erratum, ...] = (
        "two thirds ($2D_hD_v/3D_hD_m$ at $D_v=D_m$), as the ICLR text and the arXiv caption say",
        "measured", "MLP parameter ratio of the four Table 1 models",
        version="ICLR", chapter="ch03_gated_mlp_gradient_step", label="ch03-erratum-one-third",
-       tests=("test_cem_models.py::test_half_attention_two_thirds_mlp",)),
+       tests=("test_cem_models.py::test_half_attention_two_thirds_mlp",),
+       status="slip"),
     _e("cem-eq15-label", _CEMI, "eq. 15",
        r"the preconditioned MLP update is written $\Delta\mathbf x^{\epsilon}_i$ (the attention symbol)",
        r"$\Delta\mathbf x^{\xi}_i$, as in the arXiv version",
        "reading", "a label typo",
-       version="ICLR", chapter="ch04_beyond_one_step", label="ch04-erratum-eq15-label"),
+       version="ICLR", chapter="ch04_beyond_one_step", label="ch04-erratum-eq15-label",
+       status="slip"),
     _e("cem-precond-pd", _CEMI, "§2.3",
        r"$\mathbf P=\mathrm{diag}(\mathrm{softplus}(\mathbf d))+\mathbf U\mathbf V^\top+\mathbf V\mathbf U^\top$ "
        r"is “low-rank positive-definite”; softplus “guarantees $\mathbf P\succ0$”",
@@ -178,18 +207,23 @@ ERRATA: tuple[Erratum, ...] = (
        tests=("test_preconditioner.py::test_counterexample_p_is_not_positive_definite",
               "test_preconditioner.py::test_rank1_spectrum_formula")),
     _e("cem-per-head-precond", _CEM, "eq. 14",
-       r"per-head preconditioners $\sum_k\mathbf P_k\nabla\mathcal E_k$ presented as curvature information",
-       r"not $\mathbf P\nabla\mathcal E$ for any single matrix; cross terms between heads can make it an "
-       r"ascent direction even when every $\mathbf P_k\succ0$",
+       r"one preconditioner per head, $\Delta\mathbf x=\sum_k\mathbf P_k\nabla\mathcal E_k$, trained “to provide "
+       r"lightweight curvature information”",
+       r"not an error but a property of the design, which the paper does not discuss: the update is "
+       r"$\mathbf P\nabla\mathcal E$ for no state-independent matrix $\mathbf P$ (unless all $\mathbf P_k$ are "
+       r"equal), and the cross terms $\nabla\mathcal E_l^\top\mathbf P_k\nabla\mathcal E_k$, $k\neq l$, can make it "
+       r"an ascent direction even when every $\mathbf P_k\succ0$. The paper promises no descent",
        "counterexample", "positive diagonal $\\mathbf P_k$ found whose step raises a token's energy",
        version="both", chapter="ch04_beyond_one_step", label="ch04-erratum-per-head-precond",
-       tests=("test_preconditioner.py::test_per_head_preconditioning_is_not_a_descent_direction",)),
+       tests=("test_preconditioner.py::test_per_head_preconditioning_is_not_a_descent_direction",),
+       status="not an error"),
     _e("cem-eq16-index", _CEM, "eqs. 16–17",
        r"$\mathbf x^{(t+1)}_i=\mathbf x^{(t)}_i-\eta\,\Delta\mathbf x_i(\mathbf x_i\mid\mathbf h_{1:i})$, with "
        r"$\Delta\mathbf x$ defined at $\mathbf x_i=\mathbf h_i$",
        r"the update is evaluated at the current iterate $\mathbf x^{(t)}_i$",
        "reading", "a missing iteration index",
-       version="both", chapter="ch04_beyond_one_step", label="ch04-erratum-eq16-index"),
+       version="both", chapter="ch04_beyond_one_step", label="ch04-erratum-eq16-index",
+       status="slip"),
     _e("cem-rmsnorm-not-gradient", _CEM, "Algorithm 1",
        r"the recursion is presented as gradient descent on the energy",
        r"the gradient is taken at $\mathrm{RMSNorm}(\mathbf x^{(t)})$ and applied to $\mathbf x^{(t)}$; the "
@@ -204,7 +238,11 @@ ERRATA: tuple[Erratum, ...] = (
        r"the pre-norm reading: the residual starts at the raw $\mathbf h_i$, and $T=1$ is then exactly a tied "
        r"pre-norm Llama layer, the block the experiments replace",
        "counterexample", "the literal reading gives a different layer",
-       version="ICLR", chapter="ch05_cem_transformer", label="ch05-erratum-alg1-residual", tests=("test_cem_attention.py::test_t1_is_pre_norm_tied_attention",)),
+       version="ICLR", chapter="ch05_cem_transformer", label="ch05-erratum-alg1-residual", tests=("test_cem_attention.py::test_t1_is_pre_norm_tied_attention",),
+       status="ambiguity",
+       why="Algorithm 1 is pseudo-code with two readings: literally its first line overwrites the residual stream "
+           "with its normalised copy; in the pre-norm reading it does not, and $T=1$ is then the tied Llama "
+           "block the experiments replace. The paper does not say which one was run"),
     _e("cem-table3-flops", _CEMI, "Table 3 caption",
        "FLOPs are reported “per forward pass”",
        "per forward pass of **100 inputs**: one input costs about 1/100 of the printed numbers",
@@ -225,10 +263,12 @@ ERRATA: tuple[Erratum, ...] = (
        "“under three settings”, then lists two",
        "two settings (the arXiv caption)",
        "reading", "a caption typo", version="ICLR", chapter="ch05_cem_transformer",
-       label="ch05-note-versions"),
+       label="ch05-note-versions",
+       status="slip"),
     _e("cem-eta-notation", _CEM, "§2.1, after eq. 5",
        r"“$\eta^\epsilon=1$”", r"$\eta_\epsilon=1$ (the step size of eq. 4)",
-       "reading", "a notation slip", version="both"),
+       "reading", "a notation slip", version="both",
+       status="slip"),
     # CEM: not errors
     _e("cem-self-cross-bias", _CEM, "App. B (self/cross biases)",
        r"two learnable biases $b_{i=j}$ and $b_{i\neq j}$",
@@ -308,7 +348,8 @@ ERRATA: tuple[Erratum, ...] = (
        r"$E^{\rm FF}=+\lVert\sigma(\mathbf W\mathbf g)\rVert^2$", r"$-\lVert\sigma(\mathbf W\mathbf g)\rVert^2$ (as in §3)",
        "symbolic", "the printed sign gives the opposite update",
        chapter="ch07_nrgpt", label="ch07-erratum-ff",
-       tests=("test_paper_errors_nrgpt.py::test_app_d_ff1_energy_without_minus_flips_the_update",)),
+       tests=("test_paper_errors_nrgpt.py::test_app_d_ff1_energy_without_minus_flips_the_update",),
+       status="slip"),
     _e("nrgpt-eq24", _NR, "App. D, eq. 24",
        r"$\mathrm{FF}=-\boldsymbol\eta(\mathbf W^2\sigma(\mathbf c)+\sigma'(\mathbf c)^\top\odot\mathbf W^{1\top}"
        r"\sigma(\mathbf W^2\mathbf g))$, $\mathbf c=\mathbf W^1\mathbf g$",
@@ -346,17 +387,31 @@ ERRATA: tuple[Erratum, ...] = (
        r"$\boldsymbol\eta^{-\top}$ (the same only for a symmetric $\boldsymbol\eta$)",
        "counterexample", "both sides for a non-symmetric $\\boldsymbol\\eta$",
        chapter="ch07_nrgpt", label="ch07-erratum-descent-proof",
-       tests=("test_nrgpt_paper_errors.py::test_eq37_needs_a_minus_sign_and_eta_inverse_transpose",)),
-    _e("nrgpt-prop21-discrete", _NR, "§2.3, Prop. 2.1",
-       "energy decrease for the recurrent (discrete) update", "a continuous-time statement; a finite step needs a small rate $c$",
-       "counterexample", "$c=0.01$ descends at every step, $c=2$ raises $E_1$",
+       tests=("test_nrgpt_paper_errors.py::test_eq37_needs_a_minus_sign_and_eta_inverse_transpose",),
+       status="slip"),
+    _e("nrgpt-prop21-discrete", _NR, "§2.3, Prop. 2.1; App. E",
+       r"the update (6) gives “asymptotically decreasing energy, $\dot E_A=E_A^{(t+1)}-E_A^{(t)}<0$, if the "
+       r"inference rate is $\boldsymbol\eta=c\,\mathrm{diag}(\boldsymbol\gamma)$ with $c\in\mathbb R_{>0}$”, after a "
+       r"transient while the earlier tokens converge",
+       r"false as printed: a finite step lowers $E_A$ only for a small enough $c$. The proof is first order, so "
+       r"it proves the continuous-time statement: with the earlier tokens frozen, "
+       r"$dE_A/dt=-\frac c{r_A}(\boldsymbol\Gamma\mathbf v_A)^\top\mathbf P_A(\boldsymbol\Gamma\mathbf v_A)\le0$ for "
+       r"every $c>0$ ($\mathbf v_A=\partial E_A/\partial\mathbf g_A$). The update (6) takes finite steps, and a "
+       r"step lowers $E_A$ only for $c$ below a bound set by the state and the weights (the descent lemma); "
+       r"the first token, which has no transient, rises for large $c$",
+       "counterexample",
+       "update (6) transcribed for a first token: small $c$ descends at every step, $c=2$ raises $E_1$",
        chapter="ch07_nrgpt", label="ch07-erratum-convergence",
        tests=("test_nrgpt_paper_errors.py::test_prop_2_1_is_continuous_time_large_steps_break_descent",)),
-    _e("nrgpt-prop21-strict", _NR, "§2.3, Prop. 2.1",
-       r"$\dot E_A<0$", r"$\dot E_A\le0$: zero when $\boldsymbol\Gamma\mathbf v$ lies in the null space of $\mathbf P_A$",
+    _e("nrgpt-prop21-strict", _NR, "§2.3, Prop. 2.1; App. E, eqs. 34, 38",
+       r"$\dot E_A<0$",
+       r"$\dot E_A\le0$: the rate is zero when $\boldsymbol\Gamma\mathbf v_A$ lies in the null space of "
+       r"$\mathbf P_A$ (along $\mathbf x_A$ for RMSNorm, along $\mathbf 1$ for LayerNorm); the paper's own eqs. "
+       r"22–23 write $\le0$",
        "counterexample", "the rate vanishes on the null vectors",
        chapter="ch07_nrgpt", label="ch07-erratum-convergence",
-       tests=("test_paper_errors_nrgpt.py::test_prop_2_1_rate_is_zero_not_negative_in_the_jacobian_null_space",)),
+       tests=("test_paper_errors_nrgpt.py::test_prop_2_1_rate_is_zero_not_negative_in_the_jacobian_null_space",),
+       status="slip"),
     _e("nrgpt-eta-identity", _NR, "§2.3, §3.1",
        r"“$\boldsymbol\eta=\mathbf I$ forces energy decrease”",
        r"only with a uniform gain $\boldsymbol\gamma\propto\mathbf 1$ (Prop. 2.1 needs $\boldsymbol\eta=c\,\boldsymbol\Gamma$)",
@@ -408,14 +463,19 @@ ERRATA: tuple[Erratum, ...] = (
     _e("nrgpt-eq19-shape", _NR, "§2.3, Prop. 2.2, eq. 19",
        r"$\mathbf U\in\mathbb R^{D\times D'}$", r"$\mathbf U\in\mathbb R^{D'\times D}$, so that $\mathbf U^\top\mathbf U$ is $D\times D$",
        "symbolic", "shape and quadratic form of cemlib's rate matrix",
-       chapter="ch07_nrgpt", label="ch07-erratum-descent-proof", tests=("test_nrgpt_block.py::test_rate_matrices",)),
-    _e("nrgpt-unbounded", _NR, "§2.3, Prop. 2.2",
-       "descent for a PSD-plus-skew rate, ignoring cross-token terms",
-       "descent yes, convergence no: without normalisation the energy is unbounded below",
+       chapter="ch07_nrgpt", label="ch07-erratum-descent-proof", tests=("test_nrgpt_block.py::test_rate_matrices",),
+       status="slip"),
+    _e("nrgpt-unbounded", _NR, "§2.2, Prop. 2.2",
+       r"without normalisation, “to get $\dot E<0$”, the symmetric part of the rate must be positive "
+       r"semi-definite (eq. 19)",
+       r"true as stated (a first-order condition). What it does not give is convergence: without a "
+       r"normalisation the energy is unbounded below ($E(s\mathbf x)\to-\infty$), so descent can go on for "
+       r"ever. An earlier reading of ours listed this as an error",
        "counterexample", "$E(s\\,\\mathbf x)\\to-\\infty$ without norm, constant with LayerNorm",
        chapter="ch07_nrgpt",
        tests=("test_nrgpt_paper_errors.py::test_no_normalisation_energy_is_unbounded_below",
-              "test_nrgpt_block.py::test_prop_2_2_psd_plus_skew_rate_gives_descent_without_norm")),
+              "test_nrgpt_block.py::test_prop_2_2_psd_plus_skew_rate_gives_descent_without_norm"),
+       status="not an error"),
     _e("nrgpt-untied-head", _NR, "Tables 1, 2, 8 vs App. F.1",
        "85M / 90M parameters with an unembedding “shared” with the embedding",
        "the counts need an untied output head (the authors' code has one)",
@@ -430,11 +490,13 @@ ERRATA: tuple[Erratum, ...] = (
        why="the paper and the authors' released data disagree; which one the reported runs used cannot be "
            "told from the paper"),
     _e("nrgpt-m-transpose", _NR, "§2.1",
-       r"“$\mathbf M=\mathbf W^2$”", r"$\mathbf W^{2\top}$ (eq. 15 itself is consistent)", "reading", "a typo"),
+       r"“$\mathbf M=\mathbf W^2$”", r"$\mathbf W^{2\top}$ (eq. 15 itself is consistent)", "reading", "a typo",
+       status="slip"),
     _e("nrgpt-table-slips", _NR, "Tables 4, 5, 7; App. F.4",
        "Table 4's bold on d-1; GPT / RGPT-P learning rates outside the F.4 grid; Table 5's unbolded 74; "
        "n_embed 1740 missing from Table 7",
-       "reporting slips in tables", "reading", "nothing to compute"),
+       "reporting slips in tables", "reading", "nothing to compute",
+       status="slip"),
     # NRGPT: not errors
     _e("nrgpt-eq12-partial", _NR, "§2.1, eq. 12",
        r"the attention update $-\boldsymbol\eta\,\partial E_A/\partial\mathbf g_A$: each token descends its own energy",
@@ -463,7 +525,8 @@ ERRATA: tuple[Erratum, ...] = (
        r"$F^*=-T\log Z=-T\sum_ie^{-E_i/T}$", r"$F^*=-T\log\sum_ie^{-E_i/T}$",
        "counterexample", "the printed value is not the minimum of $F$; with the log it is",
        chapter="ch08_free_energy_newton", label="ch08-erratum-lemma1-log",
-       tests=("test_helmholtz.py::test_lemma1_boltzmann_minimises_helmholtz",)),
+       tests=("test_helmholtz.py::test_lemma1_boltzmann_minimises_helmholtz",),
+       status="slip"),
     _e("io-theorem1-temperature", _IO, "§2.1, Theorem 1",
        r"$\mathbf W_V=\eta T\mathbf W$", r"$\mathbf W_V=\eta\mathbf W$: the printed step is $T$ times too long",
        "symbolic", "the paper's tying moves exactly $T$ times the gradient step",
@@ -495,11 +558,13 @@ ERRATA: tuple[Erratum, ...] = (
        "counterexample", "few features: error; the footnote's kernel without $\\mathbf W$, $T$: wrong value",
        tests=("test_paper_errors_intrinsic.py::test_footnote3_random_features_are_approximate_and_need_W_and_T",)),
     _e("io-eq14-sum", _IO, "App. A.3, eq. 14", r"the second expression lacks $\sum_i$", r"with $\sum_i$",
-       "reading", "typesetting", tests=("test_helmholtz.py::test_linear_attention_is_gd_on_quadratic_energy",)),
+       "reading", "typesetting", tests=("test_helmholtz.py::test_linear_attention_is_gd_on_quadratic_energy",),
+       status="slip"),
     _e("io-theorem3-temperature", _IO, "App. A.3, proof of Theorem 3",
        "the gradient of the quadratic energy without the factor $T$", "with the factor $T$ (the update that follows is right)",
        "symbolic", "autograd gradient equals $T$ times the printed one",
-       tests=("test_helmholtz.py::test_linear_attention_is_gd_on_quadratic_energy",)),
+       tests=("test_helmholtz.py::test_linear_attention_is_gd_on_quadratic_energy",),
+       status="slip"),
     _e("io-algorithms-backprop", _IO, "§2.2, App. A.4, Algorithms 1/3",
        "training presented as backpropagation",
        "the task loss never reaches $\\mathbf W$, $\\mathbf z$ persists across epochs, one $\\eta$ serves two "
@@ -514,7 +579,8 @@ ERRATA: tuple[Erratum, ...] = (
        r"the bracket is labelled $\preceq0$", r"it is a covariance, $\succeq0$; $-\frac1T[\cdot]\preceq0$ (the appendix is right)",
        "symbolic", "bracket equals $\\mathrm{Cov}_p(\\mathbf W\\mathbf h)$",
        chapter="ch08_free_energy_newton", label="ch08-erratum-lemma2",
-       tests=("test_paper_errors_intrinsic.py::test_eq7_bracket_is_a_covariance_so_psd",)),
+       tests=("test_paper_errors_intrinsic.py::test_eq7_bracket_is_a_covariance_so_psd",),
+       status="slip"),
     _e("io-lemma2-nonconvex", _IO, "§3, Lemma 2",
        r"$F^*$ is non-convex", r"convex everywhere for $T\ge\rho^2$; non-convex only at low $T$; never concave",
        "counterexample", "smallest Hessian eigenvalue $\\ge1-\\rho^2/T$; far away Hess $\\to\\mathbf I$",
@@ -541,23 +607,29 @@ ERRATA: tuple[Erratum, ...] = (
     _e("io-theorem2-exponent", _IO, "§4, Theorem 2 (App. A.6)",
        r"$\tilde F^*=-\frac1H\sum_hT\log\sum_i\exp(-\mathbf z^\top\mathbf W_{1,h}^\top\mathbf W_{2,h}\mathbf h_i/T)$",
        r"$\exp(+\dots/T)$", "counterexample", "only the $+$ sign gives MHA as a gradient step",
-       tests=("test_paper_errors_intrinsic.py::test_theorem2_printed_exponent_sign_is_wrong",)),
+       tests=("test_paper_errors_intrinsic.py::test_theorem2_printed_exponent_sign_is_wrong",),
+       status="slip"),
     _e("io-eq20-type", _IO, "App. A.6, eq. 20",
        r"$\mathbf W_{1,h}\mathbf h_i$ (a $d_h$-vector)", r"$\mathbf W_{1,h}^\top\mathbf W_{2,h}\mathbf h_i$",
-       "reading", "the printed term does not type-check"),
+       "reading", "the printed term does not type-check",
+       status="slip"),
     _e("io-lemma5-constraint", _IO, "App. A.7, Lemma 5",
        r"constraint on $\lVert\mathbf W_{1,h}\mathbf z\rVert$, boundary stated as $\lVert\mathbf z\rVert=\rho$",
-       "one constraint set", "reading", "wording"),
+       "one constraint set", "reading", "wording",
+       status="slip"),
     _e("io-lemma5-stationarity", _IO, "App. A.7, Lemma 5",
        r"stationarity $\sum_h\mathbf v_h=0$", r"$\sum_h\mathbf W_{1,h}^\top\mathbf v_h=0$",
        "counterexample", "the printed condition is neither sufficient nor necessary",
-       tests=("test_paper_errors_intrinsic.py::test_lemma5_stationarity_needs_W1_transpose",)),
+       tests=("test_paper_errors_intrinsic.py::test_lemma5_stationarity_needs_W1_transpose",),
+       status="slip"),
     _e("io-lemma5-underbraces", _IO, "App. A.7, Lemma 5", "under-braces of the derivation", "readable labels",
-       "reading", "typesetting"),
+       "reading", "typesetting",
+       status="slip"),
     _e("io-eq25", _IO, "App. A.8, eq. 25",
        r"“$F_h^*=-T\log\sum_iZ_h$” and “$F^*=\frac1HF_h^*$”",
        r"$F_h^*=-T\log\sum_i\exp(\cdot)$, $F^*=\frac1H\sum_hF_h^*$",
-       "reading", "typesetting", tests=("test_newton.py::test_multihead_energy_grad_and_head_hessians",)),
+       "reading", "typesetting", tests=("test_newton.py::test_multihead_energy_grad_and_head_hessians",),
+       status="slip"),
     _e("io-footnote9", _IO, "App. A.8, footnote 9",
        r"$(\mathbf W^\top\mathbf C\mathbf W)^\dagger=\mathbf W^\top(\mathbf W\mathbf W^\top)^{-1}\mathbf C^{-1}\mathbf W$",
        r"$\mathbf W^\top\mathbf G\mathbf C^{-1}\mathbf G\mathbf W$, $\mathbf G=(\mathbf W\mathbf W^\top)^{-1}$; "
@@ -571,16 +643,19 @@ ERRATA: tuple[Erratum, ...] = (
        "counterexample", "with tied weights the printed sign raises the energy",
        chapter="ch08_free_energy_newton", label="ch08-erratum-pinv-sign",
        tests=("test_newton.py::test_mha2nd_paper_form_has_wrong_sign",
-              "test_newton.py::test_mha2nd1st_paper_form_eq30_31_and_its_sign")),
+              "test_newton.py::test_mha2nd1st_paper_form_eq30_31_and_its_sign"),
+       status="slip"),
     _e("io-removing-wv", _IO, "§4",
        r"“keeps $\mathbf W_Q,\mathbf W_V,\mathbf W_O$ while removing $\mathbf W_V$”",
        r"keeps $\mathbf W_Q,\mathbf W_K,\mathbf W_O$: $3d^2+H$ parameters",
        "measured", "parameter count of the layer",
        chapter="ch08_free_energy_newton", label="ch08-erratum-pinv-sign",
-       tests=("test_newton.py::test_mha2nd1st_parameters_and_learnable_temperature",)),
+       tests=("test_newton.py::test_mha2nd1st_parameters_and_learnable_temperature",),
+       status="slip"),
     _e("io-small-typos", _IO, "eq. 1, eq. 18",
        r"eq. 1's middle expression omits $1/T$; eq. 18 has $v_i$ and a missing $\nabla$",
-       "typesetting", "reading", "nothing to compute"),
+       "typesetting", "reading", "nothing to compute",
+       status="slip"),
     # intrinsic optimizers: not errors
     _e("io-rbf-softmax", _IO, "§4 (MHA2nd1st)",
        "an RBF softmax where a dot-product softmax is meant (or vice versa)",
@@ -615,56 +690,62 @@ ERRATA: tuple[Erratum, ...] = (
        why=r"the constraint is stated twice, on the unit sphere (Assumption 2) and on the sphere of radius "
            r"$\sqrt p$ (eq. 4); the two readings are reconciled by a change of temperature, which the paper "
            r"does not state"),
-    _e("hs-no-projection", _HS, "§4.1, eq. 6; §4.2.1, eq. 9",
-       r"the tokens satisfy the norm constraints of eq. 6",
-       r"nothing projects $\mathbf X$ onto them: eq. 9 is not a Riemannian step, the updated tokens leave the constraint set",
-       "counterexample", "radial component of the step and projected norms after one step",
-       tests=("test_hyperset.py::test_what_rmsnorm_preserves_and_what_it_does_not",),
+    _e("hs-no-projection", _HS, "§4.1, eq. 6; §4.2, eqs. 8, 9, 11",
+       r"eqs. 9 and 11 follow “by discretizing” the gradient flows (7) and (10) “and maintaining the "
+       r"constraint” of eq. 8: descent on the energy of eq. 6 under its norm constraints",
+       r"the updates evaluate the gradient formula at the RMS-normalised projections. They drop the RMSNorm "
+       r"Jacobian (for attention and feed-forward alike, the update differs from the gradient of the "
+       r"normalised energy by exactly the Jacobian term $\sum_h\mathbf W_h(\mathbf J_h^\top-\mathbf I)\mathbf g_h$), "
+       r"they are not Riemannian steps, and nothing projects $\mathbf X$: the tokens leave the constraint set "
+       r"of eq. 6",
+       "counterexample",
+       "update + exact gradient equals the Jacobian term (both sublayers); radial part of the step and "
+       "head norms after one step",
+       tests=("test_hyperset.py::test_what_rmsnorm_preserves_and_what_it_does_not",
+              "test_hyperset.py::test_rmsnorm_update_drops_the_jacobian_exactly"),
        chapter="ch09_hyperset", label="ch09-erratum-eq9-jacobian"),
     _e("hs-c1-softmax", _HS, "App. C.1, last line",
        "one softmax over all heads", "one softmax per head, summed over heads",
        "counterexample", "the single softmax differs from the head sum",
        tests=("test_hyperset.py::test_appendix_c1_single_softmax_over_all_heads_is_not_the_head_sum",),
-       chapter="ch09_hyperset", label="ch09-erratum-c1-head-sum"),
-    _e("hs-eq9-jacobian", _HS, "§4.2.1, eq. 9",
-       "the attention update as the gradient of the normalised energy",
-       "it drops the RMSNorm Jacobian: the difference is exactly $\\sum_h\\mathbf W_h(\\mathbf J_h^\\top-\\mathbf I)\\mathbf g_h$",
-       "symbolic", "exact gradient + update equals the Jacobian term",
-       tests=("test_hyperset.py::test_rmsnorm_update_drops_the_jacobian_exactly",),
-       chapter="ch09_hyperset", label="ch09-erratum-eq9-jacobian"),
-    _e("hs-eq11-jacobian", _HS, "§4.2.2, eq. 11",
-       "the feed-forward update as the gradient of the normalised energy", "it drops the RMSNorm Jacobian too",
-       "symbolic", "exact gradient + update equals the Jacobian term",
-       tests=("test_hyperset.py::test_rmsnorm_update_drops_the_jacobian_exactly",),
-       chapter="ch09_hyperset", label="ch09-erratum-eq9-jacobian"),
-    _e("hs-alpha-sign", _HS, "§4.2.1, §4.3",
-       r"the learned step $\alpha_t$ (eq. 9) gives energy descent",
-       r"$\alpha_t$ has free sign; channels with $\alpha<0$ can raise the energy",
-       "counterexample", "a mixed-sign step raises the energy",
+       chapter="ch09_hyperset", label="ch09-erratum-c1-head-sum",
+       status="slip"),
+    _e("hs-alpha-sign", _HS, "§4.2.1 (eq. 9), §4.3, §5.4 (Fig. 5)",
+       r"the energy decreases over the iterations “even without sign constraints on step sizes”",
+       r"not an error: a finding about the trained models, reported as one. It is not a property of the "
+       r"update: $\alpha_t$ has a free sign, and to first order a step changes the energy by "
+       r"$-\sum_c\alpha_cg_c^2$, so a step with negative channels can raise it",
+       "counterexample", "a mixed-sign step raises the energy, a positive one lowers it",
        tests=("test_paper_errors_hyperset.py::test_sign_unconstrained_channel_steps_can_ascend",),
-       chapter="ch09_hyperset", label="ch09-erratum-step-sign"),
+       chapter="ch09_hyperset", label="ch09-erratum-step-sign", status="not an error"),
     _e("hs-eq11-state", _HS, "§4.2.2, eq. 11",
        r"the feed-forward step acts on $\mathbf X_t$", r"alternating minimisation acts on $\mathbf X_{t+1/2}$",
        "symbolic", "the layer equals attention then feed-forward on the post-attention state",
        tests=("test_hyperset.py::test_layer_is_attention_then_feedforward_on_post_attention_state",),
-       chapter="ch09_hyperset", label="ch09-erratum-eq9-jacobian"),
+       chapter="ch09_hyperset", label="ch09-erratum-eq9-jacobian",
+       status="slip"),
     _e("hs-gated-g", _HS, "App. G.1, eq. 20",
        r"$g$ non-decreasing; the gated FF has $g(s)=\frac12s^2$",
        r"$\frac12s^2$ is not non-decreasing; descent is saved only by $\Phi=$ sigmoid $>0$",
        "counterexample", "with an odd $\\Phi$ (tanh) descent lowers $s<0$ further",
        tests=("test_paper_errors_hyperset.py::test_gated_ff_g_is_not_non_decreasing_only_positive_phi_saves_it",),
-       chapter="ch09_hyperset", label="ch09-erratum-gated-g"),
+       chapter="ch09_hyperset", label="ch09-erratum-gated-g",
+       status="slip"),
     _e("hs-table19-sign", _HS, "App. G.1, Table 19",
        r"the “$-\nabla E_{\rm ATTN}$” column for the sigmoid and linear rows", r"it is $+\nabla$",
        "counterexample", "following the printed column raises the energy",
        tests=("test_hyperset_variants.py::test_table19_minus_grad_column_is_plus_grad",),
-       chapter="ch09_hyperset", label="ch09-erratum-table19-sign"),
-    _e("hs-shared-qkv", _HS, "§5.4, App. F.3",
-       "the shared-QKV baseline with reversed sign as a different model",
-       r"its untied $\mathbf W^O$ absorbs the sign flip: the same model family",
+       chapter="ch09_hyperset", label="ch09-erratum-table19-sign",
+       status="slip"),
+    _e("hs-shared-qkv", _HS, "§5.4, App. F.3 (Figs. 13–14)",
+       "reversing the update direction of attention in a shared-QKV Transformer “leads to a decline in "
+       "both rank and angle”",
+       r"not an error: a result of the authors' runs. What the entry adds: that model keeps an untied "
+       r"$\mathbf W^O$, which absorbs the sign flip, so the two are one model family and the difference comes "
+       r"from initialisation or training, not from the structure",
        "symbolic", "$\\mathbf x-A(\\mathbf x)\\mathbf W_O=\\mathbf x+A(\\mathbf x)(-\\mathbf W_O)$",
        tests=("test_paper_errors_hyperset.py::test_shared_qkv_output_matrix_absorbs_the_sign_flip",),
-       chapter="ch09_hyperset", label="ch09-erratum-shared-qkv"),
+       chapter="ch09_hyperset", label="ch09-erratum-shared-qkv", status="not an error"),
     _e("hs-kl-term", _HS, "App. A", r"$E_{\rm ATTN}$ represents the KL term",
        "no argument is given; the measurable effect (tokens spread in each subspace) holds",
        "reading", "a missing argument",
@@ -718,22 +799,30 @@ def by_id(entry_id: str) -> Erratum:
 
 
 def counts() -> dict[str, dict[str, int]]:
-    """Per paper family: errors listed, of which computable (proved in a cell of the appendix) and
-    reading only; ambiguities; stated choices; items that are not errors."""
+    """Per paper family, the entries of each kind: ``errors`` (substantive), ``slips``,
+    ``ambiguities``, ``choices`` (stated choices), ``not_errors``; and ``proved``, how many of all
+    the family's entries have computable evidence (each is proved in a cell of the appendix)."""
     out = {}
     for fam in PAPERS:
         es = [e for e in ERRATA if e.family == fam]
-        err = [e for e in es if e.status == "error"]
-        out[fam] = {"errors": len(err), "proved": sum(e.computable for e in err),
-                    "reading": sum(not e.computable for e in err),
+        out[fam] = {"errors": sum(e.status == "error" for e in es),
+                    "slips": sum(e.status == "slip" for e in es),
                     "ambiguities": sum(e.status == "ambiguity" for e in es),
                     "choices": sum(e.status == "stated choice" for e in es),
-                    "not_errors": sum(e.status == "not an error" for e in es)}
+                    "not_errors": sum(e.status == "not an error" for e in es),
+                    "proved": sum(e.computable for e in es)}
     return out
 
 
-def evidence_counts() -> Counter:
-    return Counter(e.evidence for e in ERRATA if e.status == "error")
+def kind_counts() -> dict[str, int]:
+    """How many entries of each kind (:data:`KINDS`, then ``"not an error"``), over all papers."""
+    c = Counter(e.kind for e in ERRATA)
+    return {k: c[k] for k in (*KINDS, "not an error")}
+
+
+def evidence_counts(status: str = "error") -> Counter:
+    """How the entries of one status are known (:data:`EVIDENCE`): substantive errors by default."""
+    return Counter(e.evidence for e in ERRATA if e.status == status)
 
 
 # ---------------------------------------------------------------------- rendering (MyST markdown)
@@ -747,22 +836,24 @@ def where_discussed(e: Erratum) -> str:
     if not e.chapter:
         return ""
     doc = f"{{doc}}`{e.chapter}`"
-    what = "erratum" if e.status == "error" else "the box"      # an ambiguity or a choice is no erratum
+    what = "erratum" if e.status in ("error", "slip") else "the box"   # an ambiguity or a choice is no erratum
     return f"{doc} ({{ref}}`{what} <{e.label}>`)" if e.label else doc
 
 
 def markdown_card(e: Erratum, proved_here: bool) -> str:
     """One entry as a short MyST markdown block."""
     head = f"**`{e.id}`** · {_paper_label(e)} · {e.where} · evidence: *{e.evidence}*"
-    lines = [head, f"*Printed:* {e.printed}", f"*{'Correct' if e.status == 'error' else 'Our reading'}:* {e.correct}"]
+    head += f" · *{e.status}*"
+    correct = "Correct" if e.status in ("error", "slip") else "Our reading"
+    lines = [head, f"*Printed:* {e.printed}", f"*{correct}:* {e.correct}"]
     how = f"*How we know:* {e.how}"
     if proved_here:
         how += " (checked in the cell above)."
     elif not e.computable:
         how += " (nothing to compute)."
     lines.append(how)
-    if e.status != "error":
-        lines.append(f"*Status:* {e.status}" + (f"; {e.why}." if e.why else "."))
+    if e.why:
+        lines.append(f"*Why it is not an error:* {e.why}.")
     extra = []
     if e.chapter:
         extra.append(f"Discussed in {where_discussed(e)}.")
@@ -781,9 +872,37 @@ def markdown_reasons(entries) -> str:
     return "\n".join(rows)
 
 
+def markdown_not_errors(entries) -> str:
+    """The items among ``entries`` that are not errors, as a table: id, paper, where, and our reading
+    (why it is not an error)."""
+    rows = ["| id | paper | where | our reading |", "|---|---|---|---|"]
+    for e in entries:
+        if e.status == "not an error":
+            rows.append(f"| `{e.id}` | {_paper_label(e)} | {e.where} | {e.correct} |")
+    return "\n".join(rows)
+
+
+def markdown_kinds(entries) -> str:
+    """The count of each kind per paper family as a table (the page's summary), with the number of
+    entries proved in a cell of the page; a last row sums the four papers."""
+    cols = [*KINDS, "not an error"]
+    rows = ["| paper | " + " | ".join([*KINDS, "not errors"]) + " | proved in a cell here |",
+            "|---|" + "---|" * (len(cols) + 1)]
+    total = Counter()
+    for fam, (title, keys) in PAPERS.items():
+        es = [e for e in entries if e.family == fam]
+        n = Counter(e.kind for e in es)
+        n["proved"] = sum(e.computable for e in es)
+        total.update(n)
+        cite = ",".join(keys)
+        rows.append(f"| {title} {{cite:p}}`{cite}` | " + " | ".join(str(n[c]) for c in cols) + f" | {n['proved']} |")
+    rows.append("| **all four** | " + " | ".join(f"**{total[c]}**" for c in cols) + f" | **{total['proved']}** |")
+    return "\n".join(rows)
+
+
 def markdown_table(entries) -> str:
     """The static table of entries: id, paper, where, evidence, status, chapter."""
-    rows = ["| id | paper | where | evidence | status | discussed in |", "|---|---|---|---|---|---|"]
+    rows = ["| id | paper | where | evidence | kind | discussed in |", "|---|---|---|---|---|---|"]
     for e in entries:
         rows.append(f"| `{e.id}` | {_paper_label(e)} | {e.where} | {e.evidence} | {e.status} | "
                     f"{where_discussed(e) or '—'} |")
