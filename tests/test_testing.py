@@ -1,12 +1,12 @@
-"""cemlib.kernel_check: the kernel-against-reference check of chapter 11 passes a correct
+"""cemlib.testing: the kernel-against-reference check of chapter 11 passes a correct
 implementation, and fails one that is wrong in its forward or in one gradient."""
 
 import pytest
 import torch
 
-from cemlib.kernel_check import (float64_errors, outputs_and_grads, relative_error,
-                                 within_tolerance)
 from cemlib.kernels import attention_torch, reference
+from cemlib.testing import float64_errors, outputs_and_grads, within_tolerance
+from cemlib.testing import max_relative_error as relative_error
 
 
 def _inputs(dtype, seed=0, B=1, K=2, L=9, D=4, De=6):
