@@ -42,3 +42,16 @@ def test_a_planted_violation_breaks_a_contract(tmp_path, planted, broken):
     run = _lint(tmp_path)
     assert run.returncode != 0
     assert any(broken in line and "BROKEN" in line for line in run.stdout.splitlines()), run.stdout[-3000:]
+
+
+def test_every_part_of_the_package_has_a_layer():
+    """A new top-level module or subpackage must be placed in the layers, or it escapes the contract."""
+    import pkgutil
+    import tomllib
+
+    import cemlib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
+    placed = {name.strip() for layer in layers for name in layer.split("|")}
+    parts = {f"cemlib.{m.name}" for m in pkgutil.iter_modules(cemlib.__path__) if m.name != "__main__"}
+    assert parts <= placed, f"not in any layer of pyproject.toml: {sorted(parts - placed)}"
