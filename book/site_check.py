@@ -53,6 +53,12 @@ HTML = ROOT / "_build" / "html"
 #: measured by ``python book/site_check.py column`` in Chromium on the built site
 COLUMN_CHARS = {1366: 86, 390: 38}
 
+#: characters of a visible code cell's source line that fit the column at 1366 px (the theme's
+#: code font at 0.83em of the body, 13.3 px, in a 721 px box: book/_static/reader.css), measured in
+#: Chromium (``python book/site_check.py column``); the book's limit of 88
+#: characters a line keeps every visible cell within it
+CODE_CHARS = {1366: 90}
+
 #: the CDN addresses a built page loads, and where a local copy of each npm package keeps them
 CDN_ASSETS = {
     "https://cdn.jsdelivr.net/npm/mathjax@3/es5/": "mathjax/es5/",
@@ -126,6 +132,184 @@ def print_static(report: dict) -> None:
                 print(f"  {b['chars']:4d} ch x {b['lines']:3d} lines  [{b['section'][:40]}]  {b['first']}")
 
 
+# ----------------------------------------------------------------------------- static checks of the built HTML
+#: Every TeX macro MathJax 3 knows without a definition in the page: the macros of the packages the
+#: ``tex-chtml`` component that Sphinx loads brings (base, ams, newcommand, noundefined, require,
+#: autoload, configmacros) and those that autoload loads on first use (boldsymbol, cancel, color,
+#: braket, ...). Generated from mathjax-full 3.2.2's own tables by :data:`MATHJAX_LIST_JS`
+#: (``npm install mathjax-full@3`` in a folder, then ``node list.js`` there). A macro not in this
+#: list, not in ``_config.yml``'s ``mathjax3_config`` macros and not defined on the page (a
+#: ``\newcommand`` line) is shown as red text on the site.
+MATHJAX_MACROS = frozenset("""
+And Arrowvert Bbb Bbbk Big Bigg Biggl Biggm Biggr Bigl Bigm Bigr Box Bra Braket Bumpeq Cap Cup
+DeclareMathOperator Delta Diamond Doteq Downarrow Finv Game Gamma Huge Im Join Ket Ketbra LARGE
+LaTeX Lambda Large Leftarrow Leftrightarrow Lleftarrow Longleftarrow Longleftrightarrow
+Longrightarrow Lsh Newextarrow Omega Phi Pi Pr Psi Re Rightarrow Rrightarrow Rsh Rule S Set
+Sigma Space Subset Supset TeX Theta Tiny Uparrow Updownarrow Upsilon Vdash Vert Vvdash Xi above
+abovewithdelims acute aleph alpha amalg angle approx approxeq arccos arcsin arctan arg array
+arrowvert ast asymp atop atopwithdelims backepsilon backprime backsim backsimeq backslash bar
+barwedge bbFont bbox bcancel because begin beta beth between bf big bigcap bigcirc bigcup bigg
+biggl biggm biggr bigl bigm bigodot bigoplus bigotimes bigr bigsqcup bigstar bigtriangledown
+bigtriangleup biguplus bigvee bigwedge binom blacklozenge blacksquare blacktriangle
+blacktriangledown blacktriangleleft blacktriangleright bmod boldsymbol bot bowtie boxdot boxed
+boxminus boxplus boxtimes bra brace bracevert brack braket breve buildrel bullet bumpeq cal
+cancel cancelto cap cases cdot cdotp cdots ce centerdot cfrac check checkmark chi choose circ
+circeq circlearrowleft circlearrowright circledR circledS circledast circledcirc circleddash
+class clubsuit colon color colorbox complement cong coprod cos cosh cot coth cr csc cssId cup
+curlyeqprec curlyeqsucc curlyvee curlywedge curvearrowleft curvearrowright dagger daleth
+dashleftarrow dashrightarrow dashv dbinom ddagger ddddot dddot ddot ddots def definecolor deg
+delta det dfrac diagdown diagup diamond diamondsuit digamma dim displaylines displaystyle div
+divideontimes divsymbol dot doteq doteqdot dotplus dots dotsb dotsc dotsi dotsm dotso
+doublebarwedge doublecap doublecup downarrow downdownarrows downharpoonleft downharpoonright ell
+emptyset enclose end enspace epsilon eqalign eqalignno eqcirc eqref eqsim eqslantgtr eqslantless
+equiv eta eth exists exp fallingdotseq fbox fcolorbox flat forall frac frak framebox frown gamma
+gcd ge genfrac geq geqq geqslant gets gg ggg gggtr gimel gnapprox gneq gneqq gnsim grave gt
+gtrapprox gtrdot gtreqless gtreqqless gtrless gtrsim gvertneqq hat hbar hbox hdashline heartsuit
+hfil hfill hfilll hline hom hookleftarrow hookrightarrow hphantom href hskip hslash hspace huge
+idotsint iff iiiint iiint iint imath impliedby implies in inf infty injlim int intercal intop
+iota it jmath kappa ker kern ket ketbra lVert label lambda land langle large lbrace lbrack lceil
+ldotp ldots le leadsto left leftarrow leftarrowtail leftharpoondown leftharpoonup leftleftarrows
+leftrightarrow leftrightarrows leftrightharpoons leftrightsquigarrow leftroot leftthreetimes leq
+leqalignno leqq leqslant lessapprox lessdot lesseqgtr lesseqqgtr lessgtr lesssim let lfloor lg
+lgroup lhd lim liminf limits limsup ll llap llcorner lll llless lmoustache ln lnapprox lneq
+lneqq lnot lnsim log longleftarrow longleftrightarrow longmapsto longrightarrow looparrowleft
+looparrowright lor lower lozenge lrcorner lt ltimes lvert lvertneqq maltese mapsto mathbb mathbf
+mathbfcal mathbffrak mathbfit mathbfscr mathbfsf mathbfsfit mathbfsfup mathbfup mathbin mathcal
+mathchoice mathclose mathfrak mathinner mathit mathnormal mathop mathopen mathord mathpunct
+mathrel mathring mathrm mathscr mathsf mathsfit mathsfup mathstrut mathtip mathtt mathup matrix
+max mbox measuredangle mho mid middle min mit mkern mmlToken mod models moveleft moveright mp
+mskip mspace mu multimap nLeftarrow nLeftrightarrow nRightarrow nVDash nVdash nabla natural
+ncong ne nearrow neg negmedspace negthickspace negthinspace neq newcommand newenvironment
+newline nexists ngeq ngeqq ngeqslant ngtr ni nleftarrow nleftrightarrow nleq nleqq nleqslant
+nless nmid nobreakspace nolimits nonscript nonumber normalsize not notChar notag notin nparallel
+nprec npreceq nrightarrow nshortmid nshortparallel nsim nsubseteq nsubseteqq nsucc nsucceq
+nsupseteq nsupseteqq ntriangleleft ntrianglelefteq ntriangleright ntrianglerighteq nu nvDash
+nvdash nwarrow odot oint oldstyle omega omicron ominus operatorname oplus oslash otimes over
+overbrace overleftarrow overleftrightarrow overline overparen overrightarrow overset
+overunderset overwithdelims owns parallel partial perp phantom phi pi pitchfork pm pmatrix pmb
+pmod pod prec precapprox preccurlyeq preceq precnapprox precneqq precnsim precsim prime prod
+projlim propto psi pu qquad quad rVert raise rangle rbrace rbrack rceil ref renewcommand
+renewenvironment require restriction rfloor rgroup rhd rho right rightarrow rightarrowtail
+rightharpoondown rightharpoonup rightleftarrows rightleftharpoons rightrightarrows
+rightsquigarrow rightthreetimes risingdotseq rlap rm rmoustache root rtimes rule rvert scr
+scriptscriptstyle scriptsize scriptstyle searrow sec set setminus sf sharp shortmid
+shortparallel shoveleft shoveright sideset sigma sim simeq sin sinh skew small smallfrown
+smallint smallsetminus smallsmile smash smile space spadesuit sphericalangle sqcap sqcup sqrt
+sqsubset sqsubseteq sqsupset sqsupseteq square stackbin stackrel star strut style subset
+subseteq subseteqq subsetneq subsetneqq substack succ succapprox succcurlyeq succeq succnapprox
+succneqq succnsim succsim sum sup supset supseteq supseteqq supsetneq supsetneqq surd swarrow
+symbb symbf symbfcal symbffrak symbfit symbfscr symbfsf symbfsfit symbfsfup symbfup symcal
+symfrak symit symnormal symrm symscr symsf symsfit symsfup symtt symup tag tan tanh tau tbinom
+text textbf textcolor textit textnormal textrm textsf textstyle texttip texttt textup tfrac
+therefore theta thickapprox thicksim thinspace tilde times tiny to toggle top triangle
+triangledown triangleleft trianglelefteq triangleq triangleright trianglerighteq tt
+twoheadleftarrow twoheadrightarrow ulcorner underbrace underleftarrow underleftrightarrow
+underline underparen underrightarrow underset unicode unlhd unrhd uparrow updownarrow
+upharpoonleft upharpoonright uplus uproot upsilon upuparrows urcorner vDash varDelta varGamma
+varLambda varOmega varPhi varPi varPsi varSigma varTheta varUpsilon varXi varepsilon varinjlim
+varkappa varliminf varlimsup varnothing varphi varpi varprojlim varpropto varrho varsigma
+varsubsetneq varsubsetneqq varsupsetneq varsupsetneqq vartheta vartriangle vartriangleleft
+vartriangleright vcenter vdash vdots vec vee veebar verb vert vphantom wedge widehat widetilde
+wp wr xcancel xi xleftarrow xlongequal xmapsto xrightarrow xtofrom xtwoheadleftarrow
+xtwoheadrightarrow yen zeta
+""".split())
+
+MATHJAX_LIST_JS = r"""
+const {TeX} = require('mathjax-full/js/input/tex.js');
+for (const p of ['base/BaseConfiguration', 'ams/AmsConfiguration', 'newcommand/NewcommandConfiguration',
+                 'noundefined/NoUndefinedConfiguration', 'require/RequireConfiguration',
+                 'autoload/AutoloadConfiguration', 'configmacros/ConfigMacrosConfiguration']) {
+  require('mathjax-full/js/input/tex/' + p + '.js');
+}
+const {liteAdaptor} = require('mathjax-full/js/adaptors/liteAdaptor.js');
+const {RegisterHTMLHandler} = require('mathjax-full/js/handlers/html.js');
+const {mathjax} = require('mathjax-full/js/mathjax.js');
+RegisterHTMLHandler(liteAdaptor());
+const tex = new TeX({packages: ['base', 'ams', 'newcommand', 'noundefined', 'require', 'autoload', 'configmacros']});
+mathjax.document('', {InputJax: tex});
+const names = new Set();
+for (const kind of ['macro', 'character', 'delimiter']) {
+  for (const entry of tex.parseOptions.handlers.get(kind)._configuration) {
+    if (entry.item && entry.item.map) { for (const k of entry.item.map.keys()) { names.add(k.replace(/^\\\\/, '')); } }
+  }
+}
+console.log([...names].filter(n => /^[A-Za-z]+$/.test(n)).sort().join(' '));
+"""
+
+_TOKEN = re.compile(r"\\([A-Za-z]+|.)", re.S)
+_DEFINES = re.compile(r"\\(?:re)?newcommand\*?\s*\{?\s*\\([A-Za-z]+)|\\def\s*\\([A-Za-z]+)|"
+                      r"\\DeclareMathOperator\*?\s*\{\s*\\([A-Za-z]+)")
+
+
+def page_math(page_html: str) -> list[str]:
+    """The TeX of every math element of a built page, in page order (what MathJax typesets:
+    ``span.math`` and ``div.math``, the only classes ``mathjax3_config`` lets it process)."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(page_html, "html.parser")
+    return [el.get_text() for el in soup.select("span.math, div.math")]
+
+
+def config_macros(page_html: str) -> set[str]:
+    """The macros the page's MathJax configuration defines (``_config.yml``: mathjax3_config)."""
+    m = re.search(r"window\.MathJax\s*=\s*(\{.*?\})\s*</script>", page_html, re.S)
+    if not m:
+        return set()
+    return set(json.loads(m.group(1)).get("tex", {}).get("macros", {}))
+
+
+def undefined_macros(page_html: str, builtins=MATHJAX_MACROS) -> list[tuple[str, str]]:
+    """``(macro, TeX)`` for each use of a macro that is neither a MathJax built-in, nor in the
+    page's MathJax configuration, nor defined by a ``\\newcommand`` earlier on the page (or in
+    the same formula)."""
+    known = set(builtins) | config_macros(page_html)
+    found = []
+    for tex in page_math(page_html):
+        known |= {next(g for g in m.groups() if g) for m in _DEFINES.finditer(tex)}
+        for m in _TOKEN.finditer(tex):
+            name = m.group(1)
+            if name.isalpha() and name not in known:
+                found.append((name, tex.strip()[:80]))
+    return found
+
+
+def wide_code_lines(page_html: str, chars: int = CODE_CHARS[1366]) -> list[str]:
+    """The source lines of the visible code cells of a built page (not collapsed in a
+    ``<details>``, as a ``hide-input`` cell is) that are longer than ``chars``: they scroll sideways."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(page_html, "html.parser")
+    lines = []
+    for pre in soup.select("div.cell_input pre"):
+        if pre.find_parent("details") is not None:
+            continue
+        lines += [ln for ln in pre.get_text().split("\n") if len(ln.expandtabs()) > chars]
+    return lines
+
+
+def inline_heights(page_html: str) -> list[str]:
+    """The ``src`` of every ``<img>`` given a fixed height (a ``height`` attribute or an inline
+    ``height:`` style): such an image cannot keep its aspect ratio when the column narrows."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(page_html, "html.parser")
+    return [img.get("src", "")[-60:] for img in soup.find_all("img")
+            if img.has_attr("height") or re.search(r"(?<![-\w])height\s*:", img.get("style", ""))]
+
+
+def css_forced_heights(css: str) -> list[str]:
+    """Rules of a stylesheet that give images a height other than ``auto`` (``height``,
+    ``min-height``; ``max-height`` only limits)."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    bad = []
+    for selector, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        if re.search(r"\bimg\b", selector):
+            for prop, value in re.findall(r"(?<![-\w])((?:min-)?height)\s*:\s*([^;]+)", body):
+                if value.strip() != "auto":
+                    bad.append(f"{selector.strip()} {{ {prop}: {value.strip()} }}")
+    return bad
+
+
 # ----------------------------------------------------------------------------- browser measurement
 MEASURE_JS = r"""
 (function () {
@@ -170,7 +354,24 @@ MEASURE_JS = r"""
     if (!el.naturalWidth || el.closest('.animation')) { return; }
     var r = el.getBoundingClientRect();
     out.images.push({src: (el.getAttribute('src') || '').slice(-40), natural: el.naturalWidth, shown: Math.round(r.width),
-                     scale: r.width / el.naturalWidth, in_widget: !!el.closest('.jupyter-widgets'), section: where(el)});
+                     scale: r.width / el.naturalWidth, in_widget: !!el.closest('.jupyter-widgets'), section: where(el),
+                     /* shown aspect ratio over the PNG's own: 1 when the figure keeps its shape */
+                     distortion: r.width && el.naturalHeight ? (r.height / r.width) / (el.naturalHeight / el.naturalWidth) : 1,
+                     inline_height: !!el.style.height || el.hasAttribute('height')});
+  });
+  /* code cells: how much of a source line the cell's box hides (it scrolls sideways) */
+  out.code = [];
+  article.querySelectorAll('div.cell_input pre').forEach(function (el) {
+    out.code.push({hidden: hidden(el.scrollWidth, el.clientWidth), px: el.scrollWidth, box: el.clientWidth,
+                   collapsed: !!el.closest('details'), section: where(el), first: first(el)});
+  });
+  /* TeX that MathJax could not typeset: an undefined macro shows as red text (noundefined) or an error */
+  out.undefined_tex = [];
+  article.querySelectorAll('mjx-merror, mjx-mtext[style*="color: red"]').forEach(function (el) {
+    var text = Array.prototype.map.call(el.querySelectorAll('mjx-c'), function (c) {
+      var m = /mjx-c([0-9A-F]+)/.exec(c.className); return m ? String.fromCodePoint(parseInt(m[1], 16)) : '';
+    }).join('');
+    out.undefined_tex.push({text: (text || el.textContent).slice(0, 40), section: where(el)});
   });
   article.querySelectorAll('.animation').forEach(function (el) {
     var img = el.querySelector('img');
@@ -191,6 +392,19 @@ MEASURE_JS = r"""
                       text: (el.textContent || '').trim().replace(/\s+/g, ' ').slice(0, 90), section: where(el)});
   });
   return out;
+})()
+"""
+
+CODE_JS = r"""
+(function () {
+  var pre = document.querySelector('div.cell_input pre');
+  if (!pre) { return null; }
+  var probe = document.createElement('span'); probe.textContent = 'x'.repeat(200);
+  var saved = pre.innerHTML; pre.innerHTML = ''; pre.appendChild(probe);
+  var ch = probe.getBoundingClientRect().width / 200, cs = getComputedStyle(pre);
+  var inner = pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  pre.innerHTML = saved;
+  return {char_px: ch, inner_px: inner, chars: Math.floor(inner / ch + 1e-6)};
 })()
 """
 
@@ -380,13 +594,15 @@ def browser_measure(pages: list[str], widths, assets: Path | None = None, html_d
     return out
 
 
-def column_chars(widths, html_dir: Path = HTML, page: str = "book/ch01_associative_memory.html") -> dict:
-    """``{width: characters of a text output that fit on one line}`` measured in Chromium."""
+def column_chars(widths, html_dir: Path = HTML, page: str = "book/ch01_associative_memory.html",
+                 script: str = COLUMN_JS) -> dict:
+    """``{width: characters of a text output that fit on one line}`` measured in Chromium (with
+    ``script=CODE_JS``, of a code cell's source line)."""
     out = {}
     with served(html_dir) as base, Browser() as browser:
         for w in widths:
             browser.open(f"{base}/{page}", w, settle_ms=200)
-            out[w] = browser.evaluate(COLUMN_JS)
+            out[w] = browser.evaluate(script)
     return out
 
 
@@ -400,12 +616,20 @@ def summarize(measured: dict) -> list[str]:
             mcut = [e for e in m["math"] if e["hidden"] > 0]
             over = [e for e in m["math"] if e["number_over_math"]]
             stretched = [i for i in m["images"] if i["scale"] > 1.05]
+            squashed = [i for i in m["images"] if abs(i.get("distortion", 1) - 1) > 0.02]
             pcut = [p for p in m["players"] if p["hidden"] > 0]
-            lines.append(f"{page} @{w}px (column {m['column']} px, page {m['page_width']} px): "
+            ccut = [c for c in m.get("code", []) if c["hidden"] > 0 and not c.get("collapsed")]
+            hcut = [c for c in m.get("code", []) if c["hidden"] > 0 and c.get("collapsed")]
+            lines.append(f"{page} @{w}px (column {m['column']} px, page {m['page_width']} px"
+                         + (", PAGE SCROLLS SIDEWAYS" if m["page_width"] > m["width"] + 1 else "") + "): "
                          f"outputs cut {len(cut)}/{len(m['outputs'])} (max {max([o['hidden'] for o in cut], default=0):.0%}),"
                          f" tables cut {len(tcut)}/{len(m['tables'])}, equations cut {len(mcut)}/{len(m['math'])}"
+                         f" (max {max([e['hidden'] for e in mcut], default=0):.0%})"
                          + ("" if m["mathjax"] else " (no MathJax: not measured)") +
                          f", numbers over math {len(over)}, images stretched {len(stretched)}/{len(m['images'])},"
+                         f" distorted {len(squashed)} (max x{max([max(i['distortion'], 1 / i['distortion']) for i in squashed], default=1):.2f}),"
+                         f" code cells cut {len(ccut)}/{len(m.get('code', []))} (and {len(hcut)} collapsed),"
+                         f" undefined TeX {len(m.get('undefined_tex', []))},"
                          f" players cut {len(pcut)}/{len(m['players'])}, widgets {len(m['widgets'])}")
     return lines
 
@@ -438,7 +662,9 @@ def main(argv=None) -> int:
         print_static(static_overflow(args.html))
     elif args.cmd == "column":
         for w, r in column_chars(sorted(COLUMN_CHARS, reverse=True), args.html).items():
-            print(f"{w} px: {r}")
+            print(f"{w} px, text output: {r}")
+        for w, r in column_chars(sorted(CODE_CHARS, reverse=True), args.html, script=CODE_JS).items():
+            print(f"{w} px, code cell: {r}")
     elif args.cmd == "browser":
         pages = args.pages or [p.relative_to(args.html).as_posix() for p in chapter_pages(args.html)]
         measured = browser_measure(pages, args.width or [1366, 390], args.assets, args.html, args.height)
