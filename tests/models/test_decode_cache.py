@@ -60,6 +60,16 @@ FAMILIES = sorted(LM) + sorted(OTHER)
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: these models are tiny, and on a shared, busy CPU two threads per call
+    made the module many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def build(name: str, dtype=torch.float64) -> torch.nn.Module:
     """The model ``name`` in eval mode, every parameter moved off its initial value (zero
     diagonals and biases would hide their cache paths)."""
