@@ -99,3 +99,31 @@ def test_compute_figure_one_panel_per_comparison_and_blank_leftovers():
     with pytest.raises(ValueError):
         V.compute_figure(c, [("one", ["d"])], labels, "llama")
     matplotlib.pyplot.close("all")
+
+
+def test_interval_figure_draws_means_intervals_and_the_trained_setting():
+    x = [1, 2, 4, 8]
+    series = {"trained with T = 1": (x, [1.8, 2.4, 3.4, 3.8], [1.79, 2.3, 3.3, 3.6],
+                                     [1.81, 2.5, 3.5, 4.0]),
+              "trained with T = 2": (x, [2.6, 1.9, 2.2, 2.7], [2.5, 1.89, 2.1, 2.5],
+                                     [2.7, 1.91, 2.3, 2.9])}
+    fig = V.interval_figure([
+        {"title": "steps", "xlabel": "T at inference", "series": series, "logx": True,
+         "marks": {"trained with T = 1": 1, "trained with T = 2": 2}},
+        {"title": "step size", "xlabel": "eta", "series": {"a": ([0.5, 1.0], [2.0, 1.8],
+                                                                  [1.9, 1.7], [2.1, 1.9])}}])
+    left, right = fig.axes[:2]
+    stars = [line for line in left.lines if line.get_marker() == "*"]
+    assert [tuple(s.get_xydata()[0]) for s in stars] == [(1.0, 1.8), (2.0, 1.9)]
+    assert left.get_xscale() == "log" and right.get_xscale() == "linear"
+    assert left.get_ylabel() == "validation loss (nats per character)"
+    assert [t.get_text() for t in left.get_legend().get_texts()] == list(series)
+    with pytest.raises(ValueError, match="contain the mean"):
+        V.interval_figure([{"series": {"a": ([1], [2.0], [2.1], [2.2])}}])
+    with pytest.raises(ValueError, match="not drawn"):
+        V.interval_figure([{"series": {"a": ([1], [2.0], [1.9], [2.2])}, "marks": {"b": 1}}])
+    with pytest.raises(ValueError, match="one shape"):
+        V.interval_figure([{"series": {"a": ([1, 2], [2.0], [1.9], [2.2])}}])
+    with pytest.raises(ValueError):
+        V.interval_figure([])
+    matplotlib.pyplot.close("all")

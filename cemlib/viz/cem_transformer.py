@@ -13,7 +13,9 @@ one model's stored runs). Legends are typeset labels given by the caller, axes c
 - :func:`lr_sweep_figure`: mean loss per learning rate, and an interpolant over ``log2(lr)`` with
   its minimum where the caller gives one (:func:`cemlib.evidence.lr_search.akima_optimum`);
 - :func:`compute_figure`: small multiples of loss against training compute, one panel per
-  comparison, the baseline dashed in each (the static companion of the chapter's live explorer).
+  comparison, the baseline dashed in each (the static companion of the chapter's live explorer);
+- :func:`interval_figure`: panels of mean values with their intervals against a setting (the
+  loss of trained models run at other recursion steps or step sizes), the trained setting starred.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["eval_curve", "ablation_figure", "curves_figure", "lr_sweep_figure", "compute_figure"]
+__all__ = ["eval_curve", "ablation_figure", "curves_figure", "lr_sweep_figure", "compute_figure",
+           "interval_figure"]
 
 
 def _plt():
@@ -180,5 +183,47 @@ def compute_figure(curves: Mapping, panels: Sequence, labels: Mapping, baseline:
         ax.set_ylabel(ylabel)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def interval_figure(panels: Sequence[Mapping], ylabel: str = "validation loss (nats per character)",
+                    sharey: bool = True, width: float = 5.0, height: float = 3.8):
+    """One panel per mapping of ``panels``: ``title``, ``xlabel``, ``series`` (``{label: (x, mean,
+    low, high)}``: a line through the means with the interval ``[low, high]`` as error bars),
+    optionally ``marks`` (``{label: x}``: that series' point at ``x`` starred, e.g. the trained
+    setting) and ``logx`` (a base-2 axis with the points' values as ticks)."""
+    plt = _plt()
+    if not panels:
+        raise ValueError("interval_figure needs at least one panel")
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), sharey=sharey,
+                             squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        series, marks = panel["series"], dict(panel.get("marks") or {})
+        unknown = [k for k in marks if k not in series]
+        if unknown:
+            raise ValueError(f"marks for series that are not drawn: {unknown}")
+        xs = set()
+        for i, (label, (x, mean, low, high)) in enumerate(series.items()):
+            x, mean = np.asarray(x, dtype=float), np.asarray(mean, dtype=float)
+            low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+            if not (x.shape == mean.shape == low.shape == high.shape):
+                raise ValueError(f"{label}: x, mean, low and high must have one shape")
+            if np.any(low > mean) or np.any(high < mean):
+                raise ValueError(f"{label}: the interval must contain the mean")
+            xs |= set(x.tolist())
+            ax.errorbar(x, mean, yerr=[mean - low, high - mean], fmt="o-", color=f"C{i}",
+                        capsize=3, ms=5, label=label)
+            if label in marks:
+                k = int(np.argmin(np.abs(x - marks[label])))
+                ax.plot(x[k], mean[k], "*", color=f"C{i}", ms=15, mec="k", zorder=5)
+        if panel.get("logx"):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(xs), [f"{v:g}" for v in sorted(xs)])
+            ax.minorticks_off()
+        ax.set_title(panel.get("title", ""), fontsize=10, loc="left")
+        ax.set_xlabel(panel.get("xlabel", ""))
+        ax.legend(fontsize=8)
+    axes[0, 0].set_ylabel(ylabel)
     fig.tight_layout()
     return fig
