@@ -5,12 +5,18 @@ Two measurements of ``_build/html`` (build the book first):
 - **static** (no browser): every text output of a chapter (a ``<pre>`` in a cell's output) is
   counted in characters per line and compared with the number of characters that fit on a line
   of the column at a laptop (1366 px) and a phone (390 px) width (:data:`COLUMN_CHARS`, measured
-  in Chromium on this theme by ``python book/site_check.py column``). ``tests/test_site.py`` runs
-  it on every build.
+  in Chromium on this theme by ``python book/site_check.py column``), and so is every source line
+  of a visible code cell (:data:`CODE_CHARS`, :func:`wide_code_lines`); every ``<img>`` is checked
+  for a fixed height (:func:`inline_heights`), the stylesheet for a rule forcing one
+  (:func:`css_forced_heights`), and the TeX of every page for a macro that is neither a MathJax
+  built-in, nor in the configuration, nor defined on the page (:func:`undefined_macros`).
+  ``tests/test_site.py`` runs these on every build.
 - **browser** (headless Chromium, when installed): each page is loaded in a viewport of the given
-  width, and a script measures, once MathJax has typeset the page, every text output, table,
-  display equation, image, animation player and widget: how much of it the column edge hides,
-  how much an image is stretched, and whether an equation's number is drawn over the equation.
+  width, and a script measures, once MathJax has typeset the page, every text output, code cell,
+  table, display equation, image, animation player and widget: how much of it the column edge
+  hides, how much an image is stretched or distorted (shown at another aspect ratio than its
+  PNG), whether an equation's number is drawn over the equation, whether the page itself scrolls
+  sideways, and what TeX MathJax left undefined (drawn in red).
   Chromium is driven over the DevTools protocol on a pipe (no driver package). MathJax and the
   widget manager come from the CDNs the pages name; offline, pass ``--assets DIR``: a folder with
   the npm packages ``mathjax@3``, ``@jupyter-widgets/html-manager@1.0.6`` and ``requirejs@2.3.4``
