@@ -29,7 +29,7 @@ from cemlib.train.datasets import make_task
 from cemlib.train.results import load_results
 from cemlib.train.trained import find_checkpoint, load_trained
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 V, C = 65, 12  # vocabulary and context of the models built here
 #: every registered experiment trained on text: the language-model families of cemlib
 LM_EXPERIMENTS = sorted(n for n, e in EXPERIMENTS.items() if e.presets["cpu"].data.name == "shakespeare")
