@@ -325,7 +325,10 @@ MEASURE_JS = r"""
     return h ? h.textContent.replace('#', '').trim().slice(0, 60) : '';
   }
   function first(el) { return (el.textContent.trim().split('\n')[0] || '').slice(0, 70); }
+  /* viewport: the layout viewport's width (on a phone window.innerWidth grows with a page wider
+     than the screen, so it cannot tell whether the page scrolls sideways) */
   var out = {width: window.innerWidth, height: window.innerHeight, page_width: document.documentElement.scrollWidth,
+             viewport: document.documentElement.clientWidth,
              mathjax: !!(window.MathJax && window.MathJax.startup && document.querySelector('mjx-container')),
              outputs: [], tables: [], math: [], images: [], players: [], widgets: []};
   var article = document.querySelector('article.bd-article') || document.querySelector('article') || document.body;
@@ -627,7 +630,8 @@ def summarize(measured: dict) -> list[str]:
             ccut = [c for c in m.get("code", []) if c["hidden"] > 0 and not c.get("collapsed")]
             hcut = [c for c in m.get("code", []) if c["hidden"] > 0 and c.get("collapsed")]
             lines.append(f"{page} @{w}px (column {m['column']} px, page {m['page_width']} px"
-                         + (", PAGE SCROLLS SIDEWAYS" if m["page_width"] > m["width"] + 1 else "") + "): "
+                         + (", PAGE SCROLLS SIDEWAYS" if m["page_width"] > m.get("viewport", m["width"]) + 1 else "")
+                         + "): "
                          f"outputs cut {len(cut)}/{len(m['outputs'])} (max {max([o['hidden'] for o in cut], default=0):.0%}),"
                          f" tables cut {len(tcut)}/{len(m['tables'])}, equations cut {len(mcut)}/{len(m['math'])}"
                          f" (max {max([e['hidden'] for e in mcut], default=0):.0%})"

@@ -352,7 +352,7 @@ def test_pages_in_chromium():
         problems += [f"{page}: code cell scrolls at 1366 px: {c['first']}" for c in wide["code"]
                      if c["hidden"] > 0 and not c["collapsed"]]
         problems += [f"{page}: the page scrolls sideways at 390 px ({phone['page_width']} px)"
-                     for _ in [0] if phone["page_width"] > phone["width"] + 1]
+                     for _ in [0] if phone["page_width"] > phone["viewport"] + 1]
         if wide["mathjax"]:
             problems += [f"{page}: undefined TeX {u['text']} [{u['section']}]" for m in (wide, phone)
                          for u in m["undefined_tex"]]
