@@ -208,6 +208,10 @@ def _parse_seeds(text: str | None) -> list[int] | None:
     if not text.strip() or not all(s.isdigit() and s.isascii() for s in parts):
         raise ConfigError(f"--seeds must be comma-separated non-negative integers such as 0,1,2; got {text!r}")
     seeds = [int(s) for s in parts]
+    big = [s for s in seeds if s > 2**63 - 1]  # the trainer seeds 64-bit generators with seed + offsets
+    if big:
+        raise ConfigError(f"--seeds {big[0]} is out of range: a seed is an integer from 0 to 2**63 - 1 (the "
+                          f"trainer seeds PyTorch's 64-bit generators with it plus per-step offsets)")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds repeats a seed ({text!r}): each seed is one run")
     return seeds
