@@ -5,7 +5,7 @@ animations carry random model ids, so those mimetypes are not compared (their ``
 fallback still is); everything else -- stdout, text/plain, LaTeX -- must match exactly after the
 substitutions of ``tests/nbval_sanitize.cfg``. A cell tagged ``nbval-ignore-output`` still runs
 (its asserts still decide) but its printed numbers are not compared: only cells whose numbers come
-from a live float32 training run on the CPU carry the tag (``tests/test_book_hygiene.py`` checks
+from a live float32 training run on the CPU carry the tag (``tests/book/test_book_hygiene.py`` checks
 that), because those numbers depend on the processor (see ``book/portable_numerics.py``).
 
 The chapter kernels run with ``CEMLIB_DEVICE=cpu`` and the portable CPU numerics of

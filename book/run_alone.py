@@ -14,7 +14,7 @@ copy shipped in the wheel.
     python book/run_alone.py --stored          # every chapter that reads stored results
 
 Slow (each chapter runs in full, 2.5-5 minutes a chapter on two cores; the wheel and the venv take
-about a minute): ``tests/test_chapters_alone.py`` runs it only when ``CEMLIB_TEST_ALONE=1`` is set.
+about a minute): ``tests/book/test_chapters_alone.py`` runs it only when ``CEMLIB_TEST_ALONE=1`` is set.
 """
 
 from __future__ import annotations

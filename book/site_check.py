@@ -10,7 +10,7 @@ Two measurements of ``_build/html`` (build the book first):
   for a fixed height (:func:`inline_heights`), the stylesheet for a rule forcing one
   (:func:`css_forced_heights`), and the TeX of every page for a macro that is neither a MathJax
   built-in, nor in the configuration, nor defined on the page (:func:`undefined_macros`).
-  ``tests/test_site.py`` runs these on every build.
+  ``tests/book/test_site.py`` runs these on every build.
 - **browser** (headless Chromium, when installed): each page is loaded in a viewport of the given
   width, and a script measures, once MathJax has typeset the page, every text output, code cell,
   table, display equation, image, animation player and widget: how much of it the column edge

@@ -13,7 +13,7 @@ inside each chapter notebook that a reader sees in Jupyter or Colab:
 
 Only those two cells' ``source`` (and the install cell's tags) change; outputs, execution counts
 and every other cell are left exactly as they are, so the committed, executed notebooks stay
-valid for nbval. ``tests/test_site.py`` checks that every chapter agrees with ``_config.yml``.
+valid for nbval. ``tests/book/test_site.py`` checks that every chapter agrees with ``_config.yml``.
 
 Usage, from the repository root::
 

@@ -12,7 +12,7 @@ The fix is at that step: this extension removes ``height`` (and ``scale``) from 
 before the page is written, and keeps ``width``, the size the figure was drawn for. With
 ``book/_static/reader.css`` (``img { max-width: 100%; height: auto }``) the browser then scales the
 image to the column with its own aspect ratio. The book never asks for a fixed height anywhere
-else (no ``:height:`` option on a figure directive; ``tests/test_site.py`` checks the sources, the
+else (no ``:height:`` option on a figure directive; ``tests/book/test_site.py`` checks the sources, the
 stylesheet and the built pages).
 """
 

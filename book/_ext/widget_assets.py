@@ -5,7 +5,7 @@ MyST-NB adds the widget manager (RequireJS and ``@jupyter-widgets/html-manager``
 has widget state in its metadata, even when no widget is shown on the page (a chapter whose
 explorer cell is tagged ``remove-output`` keeps the state). This extension drops those three
 scripts from a page whose body contains no widget view. ``_config.yml`` loads it through
-``sphinx: local_extensions``; ``tests/test_site.py`` checks the built pages.
+``sphinx: local_extensions``; ``tests/book/test_site.py`` checks the built pages.
 """
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

@@ -26,7 +26,7 @@ RoPE (Appendix B, ``A_k = W_Q^kT R(i)^T R(j) W_K^k``; ``rope=True``): the paper 
 the "value projection becomes query-dependent"; the gradient
 ``-W_Q^kT R(i)^T sum_j alpha_kij R(j) k_j^k`` shows that the aggregated values are the rotated keys,
 which do not depend on i (our reading of Appendix B, where the paper rejects RoPE because "the value
-projection effectively becomes query-dependent"; tested in ``tests/test_cem_energies.py``).
+projection effectively becomes query-dependent"; tested in ``tests/energies/test_cem_energies.py``).
 """
 
 from __future__ import annotations

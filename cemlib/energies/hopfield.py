@@ -20,7 +20,7 @@ Three families, in historical order:
 
 The -lse term is *concave* in the state (its Hessian is -beta times a covariance matrix). The CEM
 paper, App. C ([arXiv] and [ICLR] alike), calls -tau log sum_j exp(h_j^T x / tau) "convex in x";
-that is wrong, and ``tests/test_hopfield.py`` shows it.
+that is wrong, and ``tests/energies/test_hopfield.py`` shows it.
 """
 
 from __future__ import annotations

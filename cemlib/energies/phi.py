@@ -2,7 +2,7 @@
 
 The element-wise energy ``xi = -gamma^T phi(V x)`` (CEM eq. 7) turns into a gated MLP with
 nonlinearity ``sigma = phi'``. cemlib ships the closed forms (our derivations:
-the paper gives only the integral, eq. 11; checked in ``tests/test_cem_energies.py``):
+the paper gives only the integral, eq. 11; checked in ``tests/energies/test_cem_energies.py``):
 
 - SiLU:  ``phi(x) = x log(1+e^x) + Li2(-e^x)``; ``phi(0) = -pi^2/12``, ``phi(-inf) = 0``,
   ``phi(x) ~ x^2/2 - pi^2/6`` for large x. Not convex: ``phi'' = SiLU' < 0`` for x < -1.2785.

@@ -14,7 +14,7 @@ exactly ``x - eta grad_x eps(x | hn)``; with per-head ``P_k`` it is ``x - eta su
 (eq. 14; not a preconditioned gradient of eps, each head's gradient gets its own P_k). With ``query_norm=True`` (Algorithm
 1, the default) the update uses ``grad_u eps`` at ``u = RMSNorm(x)`` and drops the norm's Jacobian:
 the true gradient of ``eps(RMSNorm(x))`` is ``J^T grad_u eps``, ``J^T v = g*v/r - x (x.(g*v))/(D r^3)``;
-the difference is measured in ``tests/test_cem_attention.py``. ``diag_grad="paper"`` reproduces
+the difference is measured in ``tests/layers/test_cem_attention.py``. ``diag_grad="paper"`` reproduces
 Algorithm 1, which omits ``d_k * o^hn_k`` (not a gradient when a diagonal is present).
 
 Choices (the papers are silent or disagree; see ``cemlib/README_cem.md``):

@@ -11,7 +11,7 @@ nonlinearity; Llama's ``gate_proj``), ``W_down = V^T``, ``W_gate = W`` (linear b
 ``up_proj``) -- eq. 6 names the branches the other way round from Llama (CEM eq. 6).
 
 With ``query_norm=False`` the update is exactly ``x - eta P grad_x xi``; with the norm it drops the
-RMSNorm Jacobian (as in attention; measured in ``tests/test_cem_mlp.py``). ``variant="sign"`` is the
+RMSNorm Jacobian (as in attention; measured in ``tests/layers/test_cem_mlp.py``). ``variant="sign"`` is the
 Appendix-C energy ``-|gamma|^T phi(sign(gamma) V x)`` whose update is
 ``V^T (gamma * phi'(sign(gamma) V u))`` (a different layer; the paper's claim that it is convex is
 false). The core uses :func:`cemlib.kernels.dispatch.tied_gated_mlp_step` for phi = ∫SiLU with the

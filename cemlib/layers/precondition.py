@@ -9,7 +9,7 @@ per head, eq. 14), 16 for the MLP (eq. 15).
 
 P is NOT always positive definite: the [ICLR] version claims softplus "guarantees P > 0", but
 ``U V^T + V U^T = (A A^T - B B^T)/2`` with ``A = U + V``, ``B = U - V`` has negative eigenvalues
-``u.v - |u||v|`` (rank 1); ``tests/test_preconditioner.py`` exhibits ``lambda_min(P) < 0``.
+``u.v - |u||v|`` (rank 1); ``tests/layers/test_preconditioner.py`` exhibits ``lambda_min(P) < 0``.
 
 Safeguard (cemlib's, not the paper's; off by default so the paper's model is the default): with
 ``safeguard=True`` the negative part is shrunk,

@@ -160,10 +160,10 @@ class Task:
     def eval_splits(self) -> tuple[str, ...]:
         return tuple(s for s in ("train", "val", "test") if s in self.splits)
 
-    def data_digest(self) -> dict:
-        """SHA-256 digests of every split's data and of the vocabulary (``None`` where the task has
+    def data_hashes(self) -> dict:
+        """SHA-256 hashes of every split's data and of the vocabulary (``None`` where the task has
         none), computed once: a checkpoint records them, and a resume on other data is refused."""
-        if getattr(self, "_digest", None) is None:
+        if getattr(self, "_hashes", None) is None:
             out = {}
             for name, data in self.splits.items():
                 tensors = (data.tokens,) if hasattr(data, "tokens") else tuple(getattr(data, "tensors", ()))
@@ -171,8 +171,8 @@ class Task:
             tok = self.info.get("tokenizer")
             out["vocabulary"] = (hashlib.sha256(json.dumps(tok, sort_keys=True).encode()).hexdigest()
                                  if tok is not None else None)
-            self._digest = out
-        return self._digest
+            self._hashes = out
+        return self._hashes
 
     def describe(self) -> dict:
         """What a results file records about the task."""

@@ -26,7 +26,7 @@ Checkpoints: the newest ``train.keep_checkpoints`` periodic ``ckpt_<step>.pt`` a
 are deleted as new ones are written; ``0`` keeps all), ``last.pt`` holds the final step (no
 ``ckpt_<step>.pt`` is written for it), and where ``best.pt`` holds the same step as a periodic
 checkpoint or ``last.pt`` the two names are one file on disk (a hard link, where the file system
-has them). Each checkpoint records SHA-256 digests of the data and the vocabulary; resuming on
+has them). Each checkpoint records SHA-256 hashes of the data and the vocabulary; resuming on
 other data (an edited text file) is refused, naming both. ``train.patience`` > 0 stops the run
 early once that many evaluations in a row have not improved the primary metric
 (``metrics["stopped_early"]`` says where; ``last.pt`` then holds that step and the run is
@@ -369,7 +369,7 @@ class Trainer:
                 "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
                 "config": self.cfg.to_dict(), "history": self.history,
                 "world_size": self.dist.world_size, "timing": self._timing_state(), "run": self._run_info(),
-                "data_digest": self.task.data_digest(), "stopped_early": self._stopped_early,
+                "data_sha256": self.task.data_hashes(), "stopped_early": self._stopped_early,
                 # what the model reads and writes (vocabulary, context, classes), JSON-plain so the
                 # file stays weights-only: ``cemlib generate`` decodes with it, no dataset needed
                 "task": json.loads(json.dumps({"kind": self.task.kind, "info": self.task.info}))}
@@ -396,7 +396,7 @@ class Trainer:
         if diffs:
             raise ckpt.CheckpointError(f"checkpoint {Path(path).name!r} was written by a different "
                                        f"configuration: " + "; ".join(diffs))
-        self._check_data_digest(payload, Path(path).name)
+        self._check_data_hashes(payload, Path(path).name)
         self.train_data.check_state(payload["data"]["train"])
         ckpt.check_model_state(payload["model"], self.raw_model.state_dict(), Path(path).name)
         try:
@@ -432,13 +432,13 @@ class Trainer:
         else:  # a different number of processes: fresh, deterministic dropout streams
             seed_everything(self.cfg.train.seed + 1 + self.dist.rank + 7919 * self.step)
 
-    def _check_data_digest(self, payload: dict, name: str) -> None:
-        """Refuse a checkpoint whose data (or vocabulary) digests differ from this task's, naming
-        both; checkpoints written before digests were recorded are not checked here."""
-        stored = payload.get("data_digest")
+    def _check_data_hashes(self, payload: dict, name: str) -> None:
+        """Refuse a checkpoint whose data (or vocabulary) hashes differ from this task's, naming
+        both; checkpoints written before hashes were recorded are not checked here."""
+        stored = payload.get("data_sha256")
         if not isinstance(stored, dict):
             return
-        now = self.task.data_digest()
+        now = self.task.data_hashes()
         differ = [k for k in ("train", "val", "vocabulary") if stored.get(k) and now.get(k) and stored[k] != now[k]]
         if not differ:
             return
@@ -999,11 +999,11 @@ class Trainer:
                   "startup_s": self._startup_done, "startup_from": self.started_from,
                   "wall_time_s": wall_time_s, "final_eval_s": self._final_eval_s,
                   "segments": self._segments}
-        digest = self.task.data_digest()
+        hashes = self.task.data_hashes()
         return {"schema": SCHEMA, "experiment": self.cfg.experiment, "preset": self.cfg.preset,
                 "config": recorded_config(self.cfg), "task": self.task.describe(), "metrics": metrics,
                 "data": {"name": self.cfg.data.name, "label": data_label(self.cfg), "path": self.cfg.data.path,
-                         "sha256": {k: v for k, v in digest.items() if v is not None}},
+                         "sha256": {k: v for k, v in hashes.items() if v is not None}},
                 "curves": self.history,
                 "num_parameters": self.num_parameters, "model_class": type(self.raw_model).__name__,
                 "device": device, "versions": versions, "git_commit": git_commit(),

@@ -261,7 +261,7 @@ def test_the_warm_cache_replays_the_cuda_tests_that_run_gpu_sh_runs():
     warm_cache = _tool("warm_cache")
     script = (TOOLS / "run_gpu.sh").read_text()
     listed = sorted(set(re.findall(r"tests/(?:\w+/)?test_\w+\.py", script)))
-    assert sorted(warm_cache.CUDA_TEST_FILES) == [f for f in listed if f != "tests/test_train_cuda.py"]
+    assert sorted(warm_cache.CUDA_TEST_FILES) == [f for f in listed if f != "tests/train/test_train_cuda.py"]
     assert all((ROOT / f).is_file() for f in listed)
 
 

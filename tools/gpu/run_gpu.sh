@@ -60,10 +60,10 @@ if [[ "${1:-}" == "tests" ]]; then
   status=0
   python -m pytest -v -p no:cacheprovider -o addopts=-ra -p pytest_timing -m "not slow" \
     ${opts[@]+"${opts[@]}"} \
-    tests/test_train_cuda.py tests/kernels/test_kernels_cuda.py \
+    tests/train/test_train_cuda.py tests/kernels/test_kernels_cuda.py \
     tests/kernels/test_kernels_attention.py tests/kernels/test_kernels_gated_mlp.py \
     tests/kernels/test_kernels_dplr.py tests/kernels/test_kernels_dispatch.py \
-    tests/kernels/test_kernels_attention_torch.py tests/test_no_sync.py \
+    tests/kernels/test_kernels_attention_torch.py tests/layers/test_no_sync.py \
     tests/kernels/test_kernels_runtime.py "${@:2}" || status=$?
   echo "Triton kernels compiled by the tests: $(( $(python -c "$count" 2>/dev/null || echo 0) - before ))"
   exit "$status"

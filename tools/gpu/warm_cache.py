@@ -363,7 +363,7 @@ def campaign_models(record, batch: int = TRAIN_BATCH) -> None:
 CUDA_TEST_FILES = ("tests/kernels/test_kernels_cuda.py", "tests/kernels/test_kernels_attention.py",
                    "tests/kernels/test_kernels_gated_mlp.py", "tests/kernels/test_kernels_dplr.py",
                    "tests/kernels/test_kernels_dispatch.py",
-                   "tests/kernels/test_kernels_attention_torch.py", "tests/test_no_sync.py",
+                   "tests/kernels/test_kernels_attention_torch.py", "tests/layers/test_no_sync.py",
                    "tests/kernels/test_kernels_runtime.py")
 CUDA_TEST_MARKS = "not slow"
 _CUDA_NO_OPS = ("synchronize", "set_sync_debug_mode", "manual_seed", "manual_seed_all",

@@ -536,7 +536,7 @@ print("live and stored agree to within 1e-3")
     assert hand_made_verdicts(good) == []
 
 
-BOOK = Path(__file__).resolve().parent.parent / "book"
+BOOK = Path(__file__).resolve().parents[2] / "book"
 
 
 @pytest.mark.parametrize("path", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.name)

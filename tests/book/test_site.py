@@ -30,7 +30,7 @@ import pytest
 from book_scripts import load as _load
 from test_no_external_refs import offending_lines
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HTML = Path(os.environ.get("CEMLIB_SITE_HTML", ROOT / "_build" / "html"))
 
 
@@ -276,7 +276,7 @@ def test_built_text_outputs_fit_the_column():
             elif got < budget:
                 better.append(f"{name}: {what} {budget} -> {got}")
     assert not worse, "\n".join(worse)
-    assert not better, "fewer wide outputs than allowed: lower the numbers in tests/test_site.py\n" + "\n".join(better)
+    assert not better, "fewer wide outputs than allowed: lower the numbers in tests/book/test_site.py\n" + "\n".join(better)
 
 
 # Visible code lines wider than the column at 1366 px, at most, on pages still being edited.

@@ -13,7 +13,7 @@ from cemlib.evidence.verdict import OBSERVED, decide, seed_values
 from cemlib.models.params import TABLE1
 from cemlib.train.results import load_runs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "book" / "claims_protocol.md"
 BLOCKS = ROOT / "book" / "results" / "shakespeare_blocks_cpu"
 

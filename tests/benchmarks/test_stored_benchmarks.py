@@ -20,7 +20,7 @@ import pytest
 from cemlib.train.presets.bench import WIDTHS as BENCH_WIDTHS
 from cemlib.train.results import load_results
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 

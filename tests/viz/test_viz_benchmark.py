@@ -14,7 +14,7 @@ from cemlib.train.presets.bench import WIDTHS as BENCH_WIDTHS  # noqa: E402
 from cemlib.train.results import load_runs  # noqa: E402
 from cemlib.viz import benchmark as V  # noqa: E402
 
-LISTOPS = Path(__file__).resolve().parent.parent / "book" / "results" / "bench_listops_cpu"
+LISTOPS = Path(__file__).resolve().parents[2] / "book" / "results" / "bench_listops_cpu"
 
 
 @pytest.fixture(scope="module")

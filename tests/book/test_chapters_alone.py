@@ -17,7 +17,7 @@ import pytest
 
 from book_scripts import load
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 run_alone = load("run_alone")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SELF = Path(__file__).resolve()
 
 # (name, pattern): each names a kind of reference to material outside the repository.

@@ -12,7 +12,7 @@ import pytest
 import cemlib.evidence.stored as stored
 from cemlib.evidence.stored import SHIPPED, stored_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_in_the_repository_the_repository_folders_are_used():

@@ -15,7 +15,7 @@ from cemlib.evidence.verdict import (AGREE, DISAGREE, OBSERVED, VERDICTS, combin
 from cemlib.evidence.stats import MIN_SEEDS
 from cemlib.train.results import load_runs
 
-BLOCKS = Path(__file__).resolve().parent.parent / "book" / "results" / "shakespeare_blocks_cpu"
+BLOCKS = Path(__file__).resolve().parents[2] / "book" / "results" / "shakespeare_blocks_cpu"
 BASE = {s: 1.8 + 0.01 * s for s in range(5)}
 
 

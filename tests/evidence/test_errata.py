@@ -13,7 +13,7 @@ import pytest
 from cemlib.evidence import errata
 from cemlib.evidence.errata import ERRATA, EVIDENCE, PAPERS, STATUS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "book" / "errata.ipynb"
 
 
@@ -62,8 +62,9 @@ def test_cited_unit_tests_exist():
     for e in ERRATA:
         for t in e.tests:
             file, func = t.split("::")
-            path = ROOT / "tests" / file
-            assert path.exists(), (e.id, t)
+            found = sorted((ROOT / "tests").rglob(file))
+            assert len(found) == 1, (e.id, t, found)   # test file names are unique across tests/
+            path = found[0]
             names = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
             assert func in names, (e.id, t)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("rerun", ROOT / "book" / "rerun.py")
 rerun = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rerun)

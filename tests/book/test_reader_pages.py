@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOC_FILES = re.findall(r"file:\s*(\S+)", (ROOT / "_toc.yml").read_text()) + \
     re.findall(r"root:\s*(\S+)", (ROOT / "_toc.yml").read_text())
 PAGES = sorted(p for f in TOC_FILES for p in (ROOT / f"{f}.ipynb", ROOT / f"{f}.md") if p.exists())
@@ -209,7 +209,7 @@ def test_rules_catch_the_known_forms():
     nbformat.write(bad_md, bad_path)
     assert len(control_characters(bad_path)) == 2
     assert internal_references([("p", "Also tested by `test_cem_energies.py::test_x`.")])
-    assert internal_references([("p", "`tests/test_nrgpt_block.py` measures")])
+    assert internal_references([("p", "`tests/layers/test_nrgpt_block.py` measures")])
     assert internal_references([("p", "see `cemlib/README_data.md`")])
     assert internal_references([("p", "run `python book/rerun.py`")])
     assert not internal_references([("p", "`python benchmarks/cpu_speed.py --all` and `cemlib/kernels/ops.py`")])
@@ -231,7 +231,7 @@ def test_rules_catch_the_known_forms():
 # ``remove-output`` (the input of a hidden cell is code, never shown as prose). A reader page says
 # nothing about how the book was made: no "campaign", no "session" (the word), no "STORED:" label,
 # no "stored sweep", no "not yet run" row, no commit hash (7 or more hexadecimal characters with a
-# digit and a letter), no internal claim ID (H3, H12: the digests' hypothesis numbers).
+# digit and a letter), no internal claim ID (H3, H12: internal hypothesis numbers).
 PROCESS = [
     ("campaign", re.compile(r"\bcampaigns?\b", re.I)),
     ("session", re.compile(r"\bsessions?\b", re.I)),
