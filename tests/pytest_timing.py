@@ -1,15 +1,16 @@
 """pytest plugin (loaded with ``-p pytest_timing``, see pyproject.toml): prints the time each part
-of the suite took -- unit tests, kernels, training engine, chapters -- and each chapter, at the end
-of every run. A chapter must execute in at most 3 minutes on CI's 2-core machine.
+of the suite took -- one line per test folder (``tests/kernels``, ``tests/train``, ...) and the
+chapters -- and each chapter, at the end of every run. A chapter must execute in at most 3 minutes
+on CI's 2-core machine. pytest's own ``--durations`` lists single tests; it does not sum a
+chapter's cells, which is what the budget is about.
 
 With ``CEMLIB_TEST_LOG=<file>`` it also appends a line to that file as each test starts and as
 it ends (its call, and a set-up or tear-down that failed or took a second or more), tab-separated:
 seconds since the session started, the pytest-xdist worker, ``start`` or the phase, its outcome
 and seconds, the test, and for a failure the exception's first line and where it was raised.
-Only the controlling process writes, and each line is on disk at once. A run stopped by a time
-limit then still says which tests took the time and which were running
-(``benchmarks/run_gpu.sh tests``: the H100 runs of 2026-11-27 were cut off twice at 93 % of the
-CUDA tests without naming the slow ones or the failure)."""
+Only the controlling process writes, and each line is on disk at once, so a run stopped by a time
+limit still says which tests took the time and which were running (``tools/gpu/run_gpu.sh tests``
+uses it on a rented GPU)."""
 
 import os
 import time
@@ -48,16 +49,8 @@ def _part(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.endswith(".ipynb"):
         return "chapters (nbval, strict)"
-    name = path.rsplit("/", 1)[-1]
-    if name.startswith("test_kernels"):
-        return "kernels (Triton interpreter / CUDA)"
-    if name.startswith("test_benchmarks"):
-        return "benchmark scripts (CPU smoke)"
-    if name.startswith("test_train"):
-        return "training engine"
-    if name.startswith("test_stored_results"):
-        return "stored results (re-run from their commands)"
-    return "cemlib unit tests"
+    parts = path.split("/")
+    return f"tests/{parts[1]}" if len(parts) > 2 and parts[0] == "tests" else "tests (top level)"
 
 
 def pytest_runtest_logreport(report):
