@@ -22,7 +22,7 @@ def notebook(path: Path, *sources: str) -> Path:
 
 
 def test_one_bad_notebook_does_not_stop_the_others(tmp_path, capsys):
-    """36.12: one bad file aborted the rest without being named."""
+    """one bad file aborted the rest without being named."""
     good = [notebook(tmp_path / f"good{i}.ipynb", f"print({i})") for i in (1, 2)]
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{ this is not a notebook")
@@ -36,7 +36,7 @@ def test_one_bad_notebook_does_not_stop_the_others(tmp_path, capsys):
 
 
 def test_a_dead_kernel_names_the_notebook_and_the_cell(tmp_path, capsys):
-    """36.12: a dead kernel was reported without the notebook or the cell."""
+    """a dead kernel was reported without the notebook or the cell."""
     dead = notebook(tmp_path / "dead.ipynb", "x = 1", "import os\nos._exit(1)", "print(x)")
     assert rerun.main([str(dead)]) == 1
     out = capsys.readouterr().out
@@ -44,7 +44,7 @@ def test_a_dead_kernel_names_the_notebook_and_the_cell(tmp_path, capsys):
 
 
 def test_a_notebook_that_cannot_be_written_back_keeps_its_execution(tmp_path, capsys, monkeypatch):
-    """36.12: a notebook that could not be written back lost its execution."""
+    """a notebook that could not be written back lost its execution."""
     path = notebook(tmp_path / "chapter.ipynb", "print(6 * 7)")
     real = nbformat.write
 

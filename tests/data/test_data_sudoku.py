@@ -200,7 +200,7 @@ def test_corrupted_file_gives_a_clear_error(tmp_path):
 
 
 def test_a_set_of_ones_own_is_read_and_checked(tmp_path, shipped):
-    """Issue 36.10: a user's own ``.npz`` (in the shipped layout or as plain boards) was refused as
+    """a user's own ``.npz`` (in the shipped layout or as plain boards) was refused as
     "corrupted"; it is now read, without the shipped checksum, and checked for valid grids."""
     own = tmp_path / "own.npz"
     tr, te = shipped.train, shipped.test

@@ -41,7 +41,7 @@ def test_corrupted_and_truncated_files_name_file_and_checksum(tmp_path, monkeypa
 
 
 def test_a_text_of_ones_own_is_read_without_the_shipped_checksum(tmp_path):
-    """Issue 36.10: ``load_shakespeare(path=...)`` rejected any text but the shipped one as
+    """``load_shakespeare(path=...)`` rejected any text but the shipped one as
     "corrupted"; the checksum now applies to the shipped file only."""
     own = tmp_path / "mine.txt"
     own.write_text("to be or not to be, that is the question\n" * 50)

@@ -1,6 +1,6 @@
 """DDP and FSDP under torchrun: 2 CPU processes (gloo) match one process with the same config (the
 same global batch and gradient accumulation): weights, and the periodic evaluations, which use the
-same sample (issue 35.12: they used to evaluate other windows under torchrun)."""
+same sample."""
 
 import os
 import runpy

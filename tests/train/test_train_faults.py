@@ -58,7 +58,7 @@ def one_line_error(capsys) -> str:
     return err
 
 
-# ------------------------------------------------------------------------------ 36.6 CIFAR-10
+# ------------------------------------------------------------------------------ CIFAR-10
 def _cifar(folder, n=4, constant_channel=False):
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
@@ -81,7 +81,7 @@ def cifar(tmp_path, monkeypatch):
 
 
 def test_cifar10_refuses_incomplete_files_and_says_what_it_read(cifar):
-    """36.6: a batch file cut at a record boundary, or an empty one, trained on fewer images
+    """a batch file cut at a record boundary, or an empty one, trained on fewer images
     without a word."""
     task = make_task(_cifar_cfg(cifar, "task.val_fraction=0.25"))
     assert task.info["data_source"] == f"{cifar}: read 20 train and 4 test images; 15 train / 5 val / 4 test used"
@@ -105,7 +105,7 @@ def test_cifar10_refuses_incomplete_files_and_says_what_it_read(cifar):
     ("task.patch_size=5", ConfigError, "task.patch_size must divide 32"),
 ])
 def test_cifar10_options_are_named(cifar, option, error, message):
-    """36.6: ``n_train=-100`` trained on fewer images in silence; ``patch_size=0``, ``n_train=all``
+    """``n_train=-100`` trained on fewer images in silence; ``patch_size=0``, ``n_train=all``
     and ``n_train=0`` gave messages that did not name the cause."""
     with pytest.raises(error, match=message):
         make_task(_cifar_cfg(cifar, option))
@@ -118,7 +118,7 @@ def test_cifar10_constant_channel_is_named(tmp_path, monkeypatch):
         make_task(_cifar_cfg(tmp_path))
 
 
-# ------------------------------------------------------------------------------ 36.7 task options
+# ------------------------------------------------------------------------------ task options
 @pytest.mark.parametrize("experiment,option,message", [
     ("gp-gated", "task.lengthscale=inf", "task.lengthscale must be a finite number, got inf"),
     ("gp-gated", "task.noise_std=nan", "task.noise_std must be a finite number, got nan"),
@@ -131,7 +131,7 @@ def test_cifar10_constant_channel_is_named(tmp_path, monkeypatch):
     ("digits-hyperset", "task.val_fraction=1.5", r"task.val_fraction must lie in \(0, 1\), got 1.5"),
 ])
 def test_bad_task_values_are_named_before_any_data_loads(experiment, option, message):
-    """36.7: ``task.lengthscale=inf`` trained, then its results could not be written;
+    """``task.lengthscale=inf`` trained, then its results could not be written;
     ``task.noise_std=nan`` and ``task.data_seed=-1`` (four datasets) were not named."""
     with pytest.raises(ConfigError, match=message):
         get_config(experiment, "cpu", [option])
@@ -142,9 +142,9 @@ def test_a_bad_task_value_is_one_line_on_the_command_line(capsys):
     assert "task.lengthscale must be a finite number" in one_line_error(capsys)
 
 
-# ------------------------------------------------------------------------------ 36.8 the final evaluation
+# ------------------------------------------------------------------------------ the final evaluation
 def test_sigint_during_the_final_evaluation_saves_and_says_how_to_finish(tmp_path):
-    """36.8: SIGINT during the final evaluation gave a traceback and no results.json."""
+    """SIGINT during the final evaluation gave a traceback and no results.json."""
     t = make_trainer(tmp_path)
     real = t._final_whole_val
 
@@ -165,9 +165,9 @@ def test_sigint_during_the_final_evaluation_saves_and_says_how_to_finish(tmp_pat
     assert done["curves"] == res["curves"] and load_results(tmp_path / "results.json")["status"] == "complete"
 
 
-# ------------------------------------------------------------------------------ 36.9 huge updates
+# ------------------------------------------------------------------------------ huge updates
 def test_an_update_that_makes_parameters_non_finite_stops_at_once(tmp_path):
-    """36.9: parameters were not checked after the update, so an update that overflowed (loss and
+    """parameters were not checked after the update, so an update that overflowed (loss and
     gradients still finite) was found one step later and ``last_good.pt`` then held Inf."""
     t = make_trainer(tmp_path)
 
@@ -195,7 +195,7 @@ def test_a_huge_learning_rate_never_leaves_non_finite_checkpoints(tmp_path):
 
 
 def test_a_learning_rate_beyond_float32_is_one_line(tmp_path, capsys):
-    """36.9: ``optim.lr=1e38`` crashed at step 0 with torch's "value cannot be converted to type
+    """``optim.lr=1e38`` crashed at step 0 with torch's "value cannot be converted to type
     float without overflow"."""
     assert main(TINY_LM + ["--set", "optim.lr=1e38", "--out", str(tmp_path)]) == 2
     err = one_line_error(capsys)
@@ -204,9 +204,9 @@ def test_a_learning_rate_beyond_float32_is_one_line(tmp_path, capsys):
     assert not list(tmp_path.glob("*.pt"))
 
 
-# ------------------------------------------------------------------------------ 36.10 own files
+# ------------------------------------------------------------------------------ own files
 def test_own_sudoku_set_and_folders_as_data_path(tmp_path, capsys):
-    """36.10: a user's own Sudoku .npz (as the task's docstring invites) was "corrupted"; a folder
+    """a user's own Sudoku .npz (as the task's docstring invites) was "corrupted"; a folder
     as data.path was "not found"."""
     from cemlib.data.sudoku import load_sudoku
     s = load_sudoku()
@@ -224,9 +224,9 @@ def test_own_sudoku_set_and_folders_as_data_path(tmp_path, capsys):
     assert "is a folder; the 'shakespeare' data read one file" in one_line_error(capsys)
 
 
-# ------------------------------------------------------------------------------ 36.11 values used
+# ------------------------------------------------------------------------------ values used
 def test_results_record_only_the_values_the_run_used(tmp_path):
-    """36.11: results.json recorded ``train.context_length`` for ListOps and Sudoku and
+    """results.json recorded ``train.context_length`` for ListOps and Sudoku and
     ``data.path`` for gp, values those runs never used; setting them was silently ignored."""
     res = run_experiment("gp-gated", "cpu", ["task.n_train=60", "task.n_val=20", "task.n_test=20",
                                              "model.d_model=8", "model.d_ff=8", "train.max_steps=2",
@@ -248,7 +248,7 @@ def test_results_record_only_the_values_the_run_used(tmp_path):
             get_config(experiment, "cpu", [option])
 
 
-# ------------------------------------------------------------------------------ 36.13 one-line errors
+# ------------------------------------------------------------------------------ one-line errors
 @pytest.mark.parametrize("args,message", [
     (["--seeds", "0,x"], "--seeds must be comma-separated non-negative integers such as 0,1,2; got '0,x'"),
     (["--seeds", "1e3"], "--seeds must be comma-separated non-negative integers"),
@@ -261,14 +261,14 @@ def test_results_record_only_the_values_the_run_used(tmp_path):
     (["--set", "model.d_modle=8"], "model fields ['d_modle'] are not options"),
 ])
 def test_cli_errors_are_one_line_with_status_2(args, message, tmp_path, capsys):
-    """36.13: clear messages still ended in a traceback with status 1 (or, for ``--seeds ''``,
+    """clear messages still ended in a traceback with status 1 (or, for ``--seeds ''``,
     were not given at all)."""
     assert main(TINY_LM + ["--out", str(tmp_path / "run")] + args) == 2
     assert message in one_line_error(capsys)
 
 
 def test_a_dataset_that_does_not_fit_the_model_is_one_line(tmp_path, capsys):
-    """36.13: ``data.name=gp`` with a language model ended in ``KeyError: 'vocab_size'``."""
+    """``data.name=gp`` with a language model ended in ``KeyError: 'vocab_size'``."""
     assert main(["--experiment", "shakespeare-llama", "--set", "data.name=gp", "--set", "task.n_train=20",
                  "--set", "task.n_val=5", "--set", "task.n_test=5", "--quiet", "--out", str(tmp_path)]) == 2
     assert "data.name='gp' (regression) does not fit 'shakespeare-llama', whose model is built for the " \
@@ -307,13 +307,13 @@ def test_a_truncated_own_file_is_called_truncated_or_corrupted(tmp_path, capsys,
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_a_device_this_machine_lacks_is_one_line(tmp_path, capsys):
-    """35.11: ``--device cuda`` on a CPU machine gave a 22-line traceback."""
+    """``--device cuda`` on a CPU machine gave a 22-line traceback."""
     assert main(TINY_LM + ["--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "train.device='cuda' but CUDA is not available here" in one_line_error(capsys)
 
 
 def test_out_of_vocabulary_ids_and_nested_json_are_named(tmp_path):
-    """36.13: an out-of-vocabulary id in NewtonTransformer ended in an IndexError; load_results on
+    """an out-of-vocabulary id in NewtonTransformer ended in an IndexError; load_results on
     JSON nested 100,000 deep in a RecursionError."""
     from cemlib.models.newton_transformer import NewtonTransformer
     model = NewtonTransformer(10, 8, d_model=8, n_layers=1, n_heads=2)
@@ -325,9 +325,9 @@ def test_out_of_vocabulary_ids_and_nested_json_are_named(tmp_path):
         load_results(deep)
 
 
-# ------------------------------------------------------------------------------ 36.14 / 36.15 precision
+# ------------------------------------------------------------------------------ precision
 def test_att2nd1st_in_bfloat16_is_computed_in_float32():
-    """36.14: bf16 Att2nd1st was several percent off on the CPU (2.4 % here, 18 % in the probe)."""
+    """bf16 Att2nd1st was several percent off on the CPU (2.4 % here, 18 % in the probe)."""
     from cemlib.layers.newton import Att2nd1st
     torch.manual_seed(0)
     layer = Att2nd1st(64, T=1.0, eta=1.0).to(torch.bfloat16)
@@ -342,14 +342,14 @@ def test_att2nd1st_in_bfloat16_is_computed_in_float32():
 
 
 def test_make_lis_names_a_negative_seed():
-    """36.14: ``make_lis(seed=-1)`` gave NumPy's message."""
+    """``make_lis(seed=-1)`` gave NumPy's message."""
     from cemlib.data.lis import make_lis
     with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
         make_lis(6, 10, 4, seed=-1)
 
 
 def test_triton_interpret_set_after_the_kernels_were_imported(monkeypatch):
-    """36.14: setting TRITON_INTERPRET after triton was imported gave an unhelpful interpreter error
+    """setting TRITON_INTERPRET after triton was imported gave an unhelpful interpreter error
     ("0 active drivers")."""
     pytest.importorskip("triton")
     import cemlib.kernels.attention as kernels
@@ -365,7 +365,7 @@ def test_triton_interpret_set_after_the_kernels_were_imported(monkeypatch):
 
 
 def test_nrgpt_frozen_rate_scale_is_exact_in_float64():
-    """36.15: ``NRGPTBlock(learn_rate_scale=False)`` froze a scale computed in float32 in float64
+    """``NRGPTBlock(learn_rate_scale=False)`` froze a scale computed in float32 in float64
     blocks (3e-8 relative)."""
     from cemlib.layers.nrgpt import NRGPTBlock
     block = NRGPTBlock(8, rate="gamma", rate_scale=0.3, learn_rate_scale=False).double()
@@ -374,7 +374,7 @@ def test_nrgpt_frozen_rate_scale_is_exact_in_float64():
 
 
 def test_the_nrgpt_baselines_biases_are_documented_and_counted():
-    """36.15: the NRGPT baselines keep a q/k/v bias the docs did not mention."""
+    """the NRGPT baselines keep a q/k/v bias the docs did not mention."""
     from pathlib import Path
 
     from cemlib.layers.gpt import CausalSelfAttention, GPTBlock
@@ -391,7 +391,7 @@ def test_the_nrgpt_baselines_biases_are_documented_and_counted():
 
 
 def test_the_cpu_attention_cross_bias_gradient_limit_is_as_documented():
-    """36.15, kept: the CPU path's cross-bias gradient ``sum dlse - diag`` loses relative accuracy
+    """the CPU path's cross-bias gradient ``sum dlse - diag`` loses relative accuracy
     when the diagonal dominates (the reference is exact); 42 stored runs learn the cross bias, so
     another summation would change their rounding. This pins the documented size of the loss."""
     from cemlib.kernels import attention_torch, reference

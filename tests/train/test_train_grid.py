@@ -44,9 +44,9 @@ def no_training(*args, **kwargs):
     pytest.fail("a run trained although the grid should have been refused or skipped")
 
 
-# ------------------------------------------------------------------------------ 36.1 / 35.1 identity
+# ------------------------------------------------------------------------------ identity
 def test_a_changed_set_or_preset_is_a_new_run_not_the_old_result(tmp_path, capsys):
-    """36.1 / 35.1: re-running a grid with another ``--set`` (or ``--preset``) printed the first
+    """re-running a grid with another ``--set`` (or ``--preset``) printed the first
     grid's results again, because the file names left those settings out."""
     out = tmp_path / "grid"
     assert grid_cli(out, "--seeds", "0,1") == 0
@@ -104,9 +104,9 @@ def test_a_stored_run_under_its_old_name_is_recognised(tmp_path, capsys, monkeyp
         grid_sweep([res["experiment"]], res["preset"], grid, [0], out, common + ["model.d_model=32"])
 
 
-# ------------------------------------------------------------------------------ 36.2 complete runs
+# ------------------------------------------------------------------------------ complete runs
 def test_each_grid_run_has_its_folder_and_ctrl_c_saves_the_current_run(tmp_path, capsys, monkeypatch):
-    """36.2: grid runs wrote no checkpoints; SIGINT in a grid lost the current run ("nothing saved
+    """grid runs wrote no checkpoints; SIGINT in a grid lost the current run ("nothing saved
     (no out_dir)") although --out was given. Now it is saved, and the same command continues."""
     assert grid_cli(tmp_path / "clean", "--seeds", "0,1") == 0
     clean = {r["config"]["train"]["seed"]: r for r in results_in(tmp_path / "clean")}
@@ -139,7 +139,7 @@ def test_each_grid_run_has_its_folder_and_ctrl_c_saves_the_current_run(tmp_path,
 
 
 def test_a_diverging_run_is_recorded_and_the_grid_goes_on(tmp_path, capsys, monkeypatch):
-    """36.2: one diverging value (--grid optim.lr=1e-3,1e20,2e-3) aborted the grid, skipped the
+    """one diverging value (--grid optim.lr=1e-3,1e20,2e-3) aborted the grid, skipped the
     later runs and wrote no summary, so that grid could never finish."""
     out = tmp_path / "grid"
     assert grid_cli(out, "--grid", "optim.lr=1e-3,1e20,2e-3") == 1
@@ -157,7 +157,7 @@ def test_a_diverging_run_is_recorded_and_the_grid_goes_on(tmp_path, capsys, monk
 
 
 def test_an_unusable_out_or_too_long_paths_fail_before_any_run_trains(tmp_path, capsys, monkeypatch):
-    """36.2: an unwritable --out, or a run name over 255 characters, was found only after the first
+    """an unwritable --out, or a run name over 255 characters, was found only after the first
     run had trained."""
     monkeypatch.setattr(experiments, "run_config", no_training)
     (tmp_path / "f").write_text("x")
@@ -173,9 +173,9 @@ def test_an_unusable_out_or_too_long_paths_fail_before_any_run_trains(tmp_path, 
     assert runs[0].stem.startswith("gp_gated__optim.lr-0.000") and "~__seed0__cpu-" in runs[0].stem
 
 
-# ------------------------------------------------------------------------------ 36.3 one writer
+# ------------------------------------------------------------------------------ one writer
 def test_a_second_writer_on_the_same_folder_is_refused_by_name(tmp_path, capsys):
-    """36.3: two processes sharing one --out were not detected (one seed's files silently replaced
+    """two processes sharing one --out were not detected (one seed's files silently replaced
     the other's, or a run died with a misleading "No such file or directory")."""
     out = tmp_path / "run"
     code = ("import sys, time\nfrom cemlib.train.folders import out_dir_lock\n"
@@ -198,7 +198,7 @@ def test_a_second_writer_on_the_same_folder_is_refused_by_name(tmp_path, capsys)
 
 
 def test_temporary_files_are_unique_per_writer(tmp_path, monkeypatch):
-    """36.3: every writer used the same ``<name>.tmp``."""
+    """every writer used the same ``<name>.tmp``."""
     names = []
     real = ckpt_mod._write_file
 
@@ -218,7 +218,7 @@ def test_temporary_files_are_unique_per_writer(tmp_path, monkeypatch):
     assert (tmp_path / f".y.pt.{os.getppid()}.0123abcd.tmp").is_file()
 
 
-# ------------------------------------------------------------------------------ 36.4 / 36.5 checks first
+# ------------------------------------------------------------------------------ checks first
 @pytest.mark.parametrize("args,message", [
     (["--seeds", "0,0"], "--seeds repeats a seed"),
     (["--experiment", "gp-gated", "--seeds", "0"], "--experiment repeats 'gp-gated'"),
@@ -230,7 +230,7 @@ def test_temporary_files_are_unique_per_writer(tmp_path, monkeypatch):
     (["--seeds", ",".join(map(str, range(1001)))], "the grid has 1,001 runs, more than max_runs=1,000"),
 ])
 def test_wrong_statistics_are_refused_before_anything_trains(args, message, tmp_path, capsys, monkeypatch):
-    """36.4: ``--seeds 0,0`` or a repeated ``--experiment`` gave n = 2 with std 0, a repeated
+    """``--seeds 0,0`` or a repeated ``--experiment`` gave n = 2 with std 0, a repeated
     ``--grid`` key dropped the first axis, and a 1,000,000-run grid started without a word."""
     monkeypatch.setattr(experiments, "run_config", no_training)
     assert grid_cli(tmp_path / "grid", *args) == 2
@@ -239,14 +239,14 @@ def test_wrong_statistics_are_refused_before_anything_trains(args, message, tmp_
 
 
 def test_grid_train_seed_values_are_the_seeds(tmp_path, capsys):
-    """36.4: ``--grid train.seed=1,2`` ran seed 1337 twice."""
+    """``--grid train.seed=1,2`` ran seed 1337 twice."""
     assert grid_cli(tmp_path, "--grid", "train.seed=2,3", "--print-config") == 0
     runs = json.loads(capsys.readouterr().out)
     assert [r["config"]["train"]["seed"] for r in runs] == [2, 3]
 
 
 def test_print_config_and_resume_in_grid_mode(tmp_path, capsys, monkeypatch):
-    """36.5: ``--print-config --seeds 0,1`` trained the whole grid; ``--resume`` was ignored."""
+    """``--print-config --seeds 0,1`` trained the whole grid; ``--resume`` was ignored."""
     monkeypatch.setattr(experiments, "run_config", no_training)
     assert grid_cli(tmp_path / "grid", "--seeds", "0,1", "--grid", "model.d_ff=8,16", "--print-config") == 0
     runs = json.loads(capsys.readouterr().out)

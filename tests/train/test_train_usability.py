@@ -28,9 +28,9 @@ DIGITS = ["model.d=16", "model.n_iter=2", "model.n_heads=2", "train.max_steps=30
           "train.eval_batches=1", "train.batch_size=32", "optim.warmup_steps=2", "optim.lr=1e-2"]
 
 
-# ------------------------------------------------------------------------------ 35.4 the summary
+# ------------------------------------------------------------------------------ the summary
 def test_the_summary_reports_best_value_and_step_by_one_criterion(tmp_path):
-    """35.4: the end-of-run line printed "best 0.2656 at step 400" for digits while the val loss at
+    """the end-of-run line printed "best 0.2656 at step 400" for digits while the val loss at
     step 400 was 0.3041 (the best loss with the step of the best accuracy), and never showed the
     task's main metric."""
     res = run_experiment("digits-hyperset", "cpu", DIGITS, out_dir=tmp_path, verbose=False)
@@ -53,9 +53,9 @@ def test_the_summary_reports_best_value_and_step_by_one_criterion(tmp_path):
     assert "best 0.9200 at step 400" in line and "0.2656" not in line
 
 
-# ------------------------------------------------------------------------------ 35.5 resume
+# ------------------------------------------------------------------------------ resume
 def test_resume_alone_restores_the_run_and_its_folder(tmp_path, capsys):
-    """35.5: the printed hint ``--resume ...`` alone failed ("--experiment is required"); without
+    """the printed hint ``--resume ...`` alone failed ("--experiment is required"); without
     --out a resumed run wrote elsewhere; nothing said "resuming from step N"."""
     full = tmp_path / "full"
     assert main(LM + ["--set", "train.max_steps=8", "--quiet", "--out", str(full)]) == 0
@@ -77,9 +77,9 @@ def test_resume_alone_restores_the_run_and_its_folder(tmp_path, capsys):
     assert res["command"] == reproduce_command("shakespeare-llama", "cpu", LM_SETS + ["train.max_steps=8"])
 
 
-# ------------------------------------------------------------------------------ 35.6 one run per folder
+# ------------------------------------------------------------------------------ one run per folder
 def test_an_output_folder_never_mixes_two_runs(tmp_path, capsys):
-    """35.6: re-using an output folder mixed runs (old checkpoints beside new results), without a
+    """re-using an output folder mixed runs (old checkpoints beside new results), without a
     warning and without --overwrite."""
     out = tmp_path / "run"
     args = LM + ["--quiet", "--out", str(out), "--set", "train.checkpoint_interval=2"]
@@ -111,9 +111,9 @@ def test_default_output_folders_carry_the_run_id(tmp_path, capsys):
     assert len(folders) == 2 and all(f.startswith("shakespeare-llama-cpu-") for f in folders)
 
 
-# ------------------------------------------------------------------------------ 35.10 logging
+# ------------------------------------------------------------------------------ logging
 def test_metrics_go_to_csv_files_and_survive_a_resume(tmp_path):
-    """35.10: no CSV (or TensorBoard) log: the curves were in results.json only, at the end."""
+    """no CSV (or TensorBoard) log: the curves were in results.json only, at the end."""
     sets = LM_SETS + ["train.max_steps=6", "train.checkpoint_interval=2"]
     run_experiment("shakespeare-llama", "cpu", sets, out_dir=tmp_path, until=4, verbose=False)
     with open(tmp_path / "train_log.csv", newline="") as f:
@@ -155,7 +155,7 @@ def test_tensorboard_when_installed_and_a_note_when_not(tmp_path, capsys, monkey
 
 
 def test_eval_lines_go_above_the_progress_bar(tmp_path, capsys, monkeypatch):
-    """35.10: evaluation lines were printed through the progress bar."""
+    """evaluation lines were printed through the progress bar."""
     written = []
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
@@ -166,16 +166,16 @@ def test_eval_lines_go_above_the_progress_bar(tmp_path, capsys, monkeypatch):
 
 
 def test_piped_output_shows_elapsed_time_and_eta(tmp_path, capsys):
-    """35.10: piped output had no elapsed time or ETA."""
+    """piped output had no elapsed time or ETA."""
     run_experiment("shakespeare-llama", "cpu", LM_SETS + ["train.max_steps=4"], out_dir=tmp_path, verbose=True)
     lines = [x for x in capsys.readouterr().out.splitlines() if "tokens/s" in x]
     assert len(lines) == 4 and all("  elapsed 0:00:" in x and "  eta 0:00:" in x for x in lines)
     assert lines[-1].endswith("eta 0:00:00")
 
 
-# ------------------------------------------------------------------------------ 35.11 config
+# ------------------------------------------------------------------------------ config
 def test_config_file_round_trip_and_overrides(tmp_path, capsys, monkeypatch):
-    """35.11: no ``--config FILE`` to feed back what ``--print-config`` prints."""
+    """no ``--config FILE`` to feed back what ``--print-config`` prints."""
     assert main(LM + ["--set", "train.max_steps=3", "--print-config"]) == 0
     printed = capsys.readouterr().out
     (tmp_path / "cfg.json").write_text(printed)
@@ -200,7 +200,7 @@ def test_config_file_round_trip_and_overrides(tmp_path, capsys, monkeypatch):
 
 
 def test_every_section_is_validated_before_the_run(capsys):
-    """35.11: ``data.val_fraction`` was silently ignored for ListOps, and a typo in a ``task.*``
+    """``data.val_fraction`` was silently ignored for ListOps, and a typo in a ``task.*``
     field passed ``--print-config``."""
     assert main(["--experiment", "gp-gated", "--set", "task.kernal=rbf", "--print-config"]) == 2
     assert "task options ['kernal'] are not options of the 'gp' data" in capsys.readouterr().err
@@ -210,9 +210,9 @@ def test_every_section_is_validated_before_the_run(capsys):
         get_config("shakespeare-llama", "cpu", ["data.val_fraction=2.0"])
 
 
-# ------------------------------------------------------------------------------ 35.13 threads
+# ------------------------------------------------------------------------------ threads
 def test_a_busy_cpu_gets_a_note_and_threads_can_be_set(tmp_path, capsys, monkeypatch):
-    """35.13: on a loaded 2-core machine the default threads ran ~9x slower than one, without a word."""
+    """on a loaded 2-core machine the default threads ran ~9x slower than one, without a word."""
     import cemlib.train.run as experiments
     monkeypatch.setattr(os, "getloadavg", lambda: (float(os.cpu_count() or 1) + 3.0, 0.0, 0.0))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
@@ -232,7 +232,7 @@ def test_a_busy_cpu_gets_a_note_and_threads_can_be_set(tmp_path, capsys, monkeyp
 
 # ------------------------------------------------------------------------------ --help
 def test_help_covers_grids_the_default_folder_exit_codes_and_threads(capsys):
-    """35.7 (the --help part): --help omitted grids, the default output folder and exit codes."""
+    """--help omitted grids, the default output folder and exit codes."""
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0
