@@ -72,7 +72,8 @@ def check_sampling_options(max_new_tokens, temperature, top_k, seed) -> None:
                          f"tends to")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None (no cut), got {top_k!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not 0 <= seed <= MAX_SEED):
         raise ValueError(f"seed must be an integer from 0 to 2**64 - 1 (what a torch.Generator takes) or "
                          f"None, got {seed!r}")
 
@@ -112,11 +113,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits / temperature
     if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
-        least = float(top.abs().max()) / _F32.max
+        largest = float(top.abs().max())
         raise ValueError(f"temperature {temperature!r} overflows float32 (tokens are drawn in float32): the "
-                         f"largest logit, {float(top.abs().max()):.3g}, divided by it exceeds {_F32.max:.3g}; "
+                         f"largest logit, {largest:.3g}, divided by it exceeds {_F32.max:.3g}; "
                          f"use temperature=0 for greedy decoding, what a temperature near 0 tends to, or "
-                         f"at least {least:.2g}")
+                         f"at least {largest / _F32.max:.2g}")
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -168,7 +169,8 @@ def stream_tokens(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int
     if seed is not None:
         generator = torch.Generator(device=idx.device)
         generator.manual_seed(seed)
-    return _stream(model, idx, max_new_tokens, temperature, top_k, generator, use_cache, context, vocab, squeeze)
+    return _stream(model, idx, max_new_tokens, temperature, top_k, generator, use_cache, context, vocab,
+                   squeeze)
 
 
 @torch.no_grad()
