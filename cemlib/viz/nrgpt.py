@@ -13,6 +13,7 @@ recorded. The explorer needs a running kernel; its static companion is
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -21,7 +22,8 @@ from cemlib.utils import check_positive_int
 
 __all__ = ["RATE_CHOICES", "random_block", "token_energy_trajectories", "count_rises",
            "plot_token_energies", "token_energy_small_multiples", "render_token_energy_png",
-           "token_energy_explorer"]
+           "token_energy_explorer", "first_token_rises", "plot_relaxation", "plot_trained_relaxation",
+           "plot_accuracy_vs_parameters"]
 
 RATE_CHOICES = {"gamma": r"$\eta=c\,\mathrm{diag}(\gamma)$", "identity": r"$\eta=c\,\mathbf{I}$"}
 
@@ -68,6 +70,118 @@ def count_rises(E: torch.Tensor, rtol: float = 1e-9) -> torch.Tensor:
     """Boolean ``(steps, N)``: the energy of token ``A`` rose at step ``t`` (beyond round-off)."""
     dE = E[1:] - E[:-1]
     return dE > rtol * E[:-1].abs().clamp_min(1.0)
+
+
+def first_token_rises(block: NRGPTBlock, x: torch.Tensor, cs, steps: int):
+    """Run ``block`` (``rate="gamma"``) from the states ``x`` (B, N, D) for ``steps`` steps at each
+    step size ``c`` in ``cs`` and return two lists: the fraction of the ``B`` sequences in which the
+    first token's energy rose at some step (it has no earlier token, so Prop. 2.1 applies to it
+    without a transient), and the fraction of all (step, sequence, token) triples that rose. The
+    block's ``c`` is restored afterwards."""
+    if block.rate != "gamma":
+        raise ValueError("first_token_rises needs a block with rate='gamma'")
+    steps = check_positive_int(steps, "steps")
+    first, every = [], []
+    with torch.no_grad():
+        saved = block.log_c.detach().clone()
+        try:
+            for c in cs:
+                if not c > 0:
+                    raise ValueError(f"step sizes must be positive, got {c!r}")
+                block.log_c.fill_(math.log(c))
+                _, E = block.run(x, steps, return_energies=True)          # (steps + 1, B, N)
+                r = count_rises(E.flatten(1)).view(steps, *E.shape[1:])
+                first.append(r[..., 0].any(0).double().mean().item())
+                every.append(r.double().mean().item())
+        finally:
+            block.log_c.copy_(saved)
+    return first, every
+
+
+def _token_colours(N: int):
+    import matplotlib as mpl
+
+    cmap = mpl.colormaps["viridis"]
+    return [cmap(a / max(N - 1, 1)) for a in range(N)]
+
+
+def plot_relaxation(E: torch.Tensor, G: torch.Tensor, X: torch.Tensor, figsize=(11, 3.3)):
+    """Three panels over the steps of a run, one line per token (colour: position): the energy
+    relative to its start with the rises marked, the step of the normalised state
+    ``|g_A(t+1) - g_A(t)|`` (log scale) and the raw norm ``|x_A(t)|``. ``E`` is ``(T + 1, N)``,
+    ``G`` and ``X`` are ``(T + 1, N, D)``. Returns the figure."""
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    if not (E.shape[:2] == G.shape[:2] == X.shape[:2]):
+        raise ValueError(f"E {tuple(E.shape)}, G {tuple(G.shape)} and X {tuple(X.shape)} must share (T + 1, N)")
+    N = E.shape[1]
+    colours = _token_colours(N)
+    dg = (G[1:] - G[:-1]).norm(dim=-1)
+    xnorm = X.norm(dim=-1)
+    fig, axes = plt.subplots(1, 3, figsize=figsize, layout="constrained")
+    for a in range(N):
+        axes[0].plot((E[:, a] - E[0, a]).numpy(), color=colours[a], lw=1)
+        axes[1].semilogy(dg[:, a].clamp_min(1e-16).numpy(), color=colours[a], lw=1)
+        axes[2].plot(xnorm[:, a].numpy(), color=colours[a], lw=1)
+    t_r, a_r = count_rises(E).nonzero(as_tuple=True)
+    axes[0].plot((t_r + 1).numpy(), (E[t_r + 1, a_r] - E[0, a_r]).numpy(), "o", ms=3, color="#d62728",
+                 label="energy rose")
+    axes[0].set(xlabel="step $t$", ylabel=r"$E_A(t)-E_A(0)$ (dimensionless)", title="per-token energy")
+    axes[1].set(xlabel="step $t$", ylabel=r"$\|\mathbf{g}_A(t+1)-\mathbf{g}_A(t)\|$", title="normalised state")
+    axes[2].set(xlabel="step $t$", ylabel=r"$\|\mathbf{x}_A(t)\|$", title="raw state")
+    axes[0].legend(loc="upper right")
+    sm = plt.cm.ScalarMappable(cmap=mpl.colormaps["viridis"], norm=plt.Normalize(1, N))
+    fig.colorbar(sm, ax=axes, label="token position $A$", shrink=0.85)
+    return fig
+
+
+def plot_trained_relaxation(E: torch.Tensor, n_tokens: int, trained_steps: int, figsize=(10, 3.3)):
+    """A trained model run past its depth: per-token energies of the first sequence (its first
+    ``n_tokens`` columns of ``E``, shape ``(T + 1, sequences * n_tokens)``) relative to their
+    start, and over all columns the largest per-step change (log scale) and the share of tokens
+    whose energy rose at each step; a dotted line marks the trained depth. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    steps = E.shape[0] - 1
+    rises = count_rises(E)
+    dE = (E[1:] - E[:-1]).abs().max(1).values
+    colours = _token_colours(n_tokens)
+    fig, axes = plt.subplots(1, 2, figsize=figsize, layout="constrained")
+    for a in range(n_tokens):
+        axes[0].plot((E[:, a] - E[0, a]).numpy(), color=colours[a], lw=1)
+    axes[0].axvline(trained_steps, color="0.4", ls=":", lw=1, label=f"trained depth $T={trained_steps}$")
+    axes[0].set(xlabel="step $t$", ylabel=r"$E_A(t)-E_A(0)$ (dimensionless)", title="one sequence")
+    axes[0].legend(loc="upper right")
+    t = range(1, steps + 1)
+    axes[1].semilogy(t, dE.numpy(), "-o", ms=3, label=r"$\max_A|E_A(t)-E_A(t-1)|$")
+    axes[1].plot(t, rises.double().mean(1).clamp_min(1e-3).numpy(), "-s", ms=3,
+                 label="share of tokens whose energy rose")
+    axes[1].axvline(trained_steps, color="0.4", ls=":", lw=1)
+    axes[1].set(xlabel="step $t$", ylabel="per-step change / share (dimensionless)", title="all sequences")
+    axes[1].legend(loc="lower left", fontsize=8)
+    return fig
+
+
+def plot_accuracy_vs_parameters(ax, curves: dict, transitions: dict | None = None, majority: float | None = None):
+    """Test accuracy (%) against parameters (log scale), one curve per model: ``curves[name]`` is an
+    array with columns (width, parameters, mean accuracy, standard deviation), accuracies as
+    fractions. ``transitions[name]``: a dotted vertical line at that parameter count (a paper's
+    learning transition), drawn with the curve's colour; ``majority``: the majority-class accuracy,
+    a grey line. The 80 % threshold of the NRGPT paper's transition is drawn dashed."""
+    for (name, c), marker in zip(curves.items(), "so^dv<>"):
+        line = ax.errorbar(c[:, 1], 100 * c[:, 2], yerr=100 * c[:, 3], marker=marker, ms=4, capsize=2, label=name)
+        if transitions and name in transitions:
+            ax.axvline(transitions[name], color=line[0].get_color(), ls=":", lw=1)
+    left = min(c[:, 1].min() for c in curves.values()) * 0.8
+    ax.axhline(80, color="0.4", lw=0.8, ls="--")
+    ax.text(left, 81.5, "80%: the paper's transition threshold", fontsize=8, color="0.3")
+    if majority is not None:
+        ax.axhline(100 * majority, color="0.6", lw=0.8)
+        ax.text(left, 100 * majority + 1.5, "majority class", fontsize=8, color="0.4")
+    ax.set(xscale="log", xlabel="parameters", ylabel="test accuracy (%)", ylim=(0, 100))
+    ax.legend(fontsize=8, loc="center right")
+    return ax
 
 
 def plot_token_energies(ax, E: torch.Tensor, title: str | None = None, legend: bool = False) -> int:

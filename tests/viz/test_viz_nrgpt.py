@@ -71,3 +71,49 @@ def test_explorer_reacts_to_sliders():
     assert w.image.value != png0
     with pytest.raises(ValueError):
         V.token_energy_explorer(rate="bad")
+
+
+def test_first_token_rises_counts_and_restores_the_step_size():
+    from cemlib.layers.nrgpt import NRGPTBlock
+    torch.manual_seed(0)
+    b = NRGPTBlock(8, 1, ff="ff2w", rate="gamma", rate_scale=0.05, learn_gain=False, init_std=0.5).double()
+    x = torch.randn(6, 4, 8, generator=torch.Generator().manual_seed(2), dtype=f64)
+    c0 = b.log_c.detach().clone()
+    first, every = V.first_token_rises(b, x, [0.01, 100.0], steps=10)
+    torch.testing.assert_close(b.log_c.detach(), c0)
+    assert first[0] == 0.0 and every[0] < every[1]                 # small steps: the first token descends
+    assert first[1] > 0                                             # a huge step overshoots
+    # the fractions agree with a direct count at one step size
+    with torch.no_grad():
+        b.log_c.fill_(torch.log(torch.tensor(100.0, dtype=f64)).item())
+        _, E = b.run(x, 10, return_energies=True)
+        b.log_c.copy_(c0)
+    r = V.count_rises(E.flatten(1)).view(10, 6, 4)
+    assert first[1] == r[..., 0].any(0).double().mean().item() and every[1] == r.double().mean().item()
+    with pytest.raises(ValueError):
+        V.first_token_rises(b, x, [-1.0], steps=2)
+    with pytest.raises(ValueError):
+        V.first_token_rises(NRGPTBlock(8, 1, rate="matrix"), x.float(), [0.1], steps=2)
+
+
+def test_relaxation_figures_have_their_panels():
+    T, N, D = 6, 5, 4
+    E = torch.linspace(0, -1, T + 1, dtype=f64)[:, None].repeat(1, N)
+    E[3, 2] = 1.0                                                   # one rise, marked in red
+    X = torch.randn(T + 1, N, D, generator=torch.Generator().manual_seed(0), dtype=f64)
+    fig = V.plot_relaxation(E, X / X.norm(dim=-1, keepdim=True), X)
+    panels = fig.axes[:3]
+    assert [len(ax.lines) for ax in panels] == [N + 1, N, N]
+    assert "step" in panels[0].get_xlabel() and "x" in panels[2].get_ylabel()
+    with pytest.raises(ValueError):
+        V.plot_relaxation(E[:-1], X, X)
+    fig2 = V.plot_trained_relaxation(E, n_tokens=3, trained_steps=2)
+    assert len(fig2.axes) == 2 and len(fig2.axes[0].lines) == 3 + 1
+    import numpy as np
+    import matplotlib.pyplot as plt
+    fig3, ax = plt.subplots()
+    curves = {"a": np.array([[8, 1e3, 0.3, 0.01], [16, 3e3, 0.4, 0.02]]),
+              "b": np.array([[8, 2e3, 0.2, 0.01], [16, 5e3, 0.5, 0.02]])}
+    V.plot_accuracy_vs_parameters(ax, curves, {"a": 2e3}, majority=0.1)
+    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 100)
+    assert len(ax.get_legend().get_texts()) == 2
