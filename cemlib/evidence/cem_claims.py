@@ -113,7 +113,7 @@ def perplexity_ratio(nats: float, per_token: float = BYTES_PER_TOKEN) -> float:
 SMALL = nats_per_char(SMALL_PERPLEXITY)
 SMALL_WHY = (f"'small': 5 % of the paper's per-token perplexity, ln 1.05 = {SMALL_PER_TOKEN:.4f} nats/token, "
              f"{SMALL:.4f} nats/char at {BYTES_PER_TOKEN:.2f} characters (bytes) per Llama token (LLaMA's "
-             f"Table 1; the paper does not say); the 5 % chosen after pilot runs, before the five-seed "
+             f"Table 1; the paper does not say); the 5 % chosen after short trial runs, before the five-seed "
              f"results, its per-token unit restored after them")
 _SIGN = "a direction: the sign of the difference decides"
 LOSS = "validation loss, nats/char"

@@ -86,7 +86,7 @@ def test_the_band_is_in_the_papers_per_token_unit_and_computed():
     assert 1.19 < cc.perplexity_ratio(0.05) < 1.22
     # both units are in the reason, from the computed values
     assert f"{cc.SMALL_PER_TOKEN:.4f} nats/token" in cc.SMALL_WHY and f"{cc.SMALL:.4f} nats/char" in cc.SMALL_WHY
-    assert "after pilot runs" in cc.SMALL_WHY
+    assert "after short trial runs" in cc.SMALL_WHY
     for c in cc.LANGUAGE_MODEL_CLAIMS:
         if c.kind in ("equivalent", "not higher", "not lower") and c.metric.endswith(cc.LOSS):
             assert c.threshold == cc.SMALL and c.why.startswith(cc.SMALL_WHY)
