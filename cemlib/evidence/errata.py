@@ -470,7 +470,7 @@ ERRATA: tuple[Erratum, ...] = (
        r"semi-definite (eq. 19)",
        r"true as stated (a first-order condition). What it does not give is convergence: without a "
        r"normalisation the energy is unbounded below ($E(s\mathbf x)\to-\infty$), so descent can go on for "
-       r"ever. An earlier reading of ours listed this as an error",
+       r"ever",
        "counterexample", "$E(s\\,\\mathbf x)\\to-\\infty$ without norm, constant with LayerNorm",
        chapter="ch07_nrgpt",
        tests=("test_nrgpt_paper_errors.py::test_no_normalisation_energy_is_unbounded_below",
@@ -495,13 +495,15 @@ ERRATA: tuple[Erratum, ...] = (
     _e("nrgpt-table-slips", _NR, "Tables 4, 5, 7; App. F.4",
        "Table 4's bold on d-1; GPT / RGPT-P learning rates outside the F.4 grid; Table 5's unbolded 74; "
        "n_embed 1740 missing from Table 7",
-       "reporting slips in tables", "reading", "nothing to compute",
+       "bold on each table's best result (in Table 4 not on d-1, in Table 5 on the 74); the GPT / RGPT-P "
+       "learning rates and App. F.4's grid made to agree; n_embed 1740 in Table 7", "reading",
+       "the tables read against each other and against the grid of App. F.4",
        status="slip"),
     # NRGPT: not errors
     _e("nrgpt-eq12-partial", _NR, "§2.1, eq. 12",
        r"the attention update $-\boldsymbol\eta\,\partial E_A/\partial\mathbf g_A$: each token descends its own energy",
        r"as intended, not the gradient of $\sum_AE_A$ (the key-side term is dropped): the tokens follow coupled "
-       r"descents, with no single function of the whole sequence; an earlier reading of ours listed it as an error",
+       r"descents, with no single function of the whole sequence",
        "counterexample", "query partial + key partial = global gradient; the key part is not small",
        chapter="ch07_nrgpt", status="not an error",
        tests=("test_nrgpt_energies.py::test_global_gradient_adds_the_key_side_term",
@@ -514,7 +516,7 @@ ERRATA: tuple[Erratum, ...] = (
        tests=("test_paper_errors_nrgpt.py::test_eqs_42_43_the_log_count_is_log_A_minus_1",)),
     _e("nrgpt-eq43-vacuous", _NR, "App. E.2, eq. 43",
        "an absolute value bounded below by a negative number", "true, but vacuous; the two-sided bound is "
-       "the one of `nrgpt-score-bound`", "reading", "nothing false to compute",
+       "the one of `nrgpt-score-bound`", "reading", "a negative lower bound on an absolute value holds trivially",
        chapter="ch07_nrgpt", label="ch07-erratum-energy-bounds", status="not an error"),
     # ------------------------------------------------------------------ intrinsic optimizers
     _e("io-e-two-roles", _IO, "§2, §2.2", r"$E$ is both the classification head and the energy",
@@ -606,7 +608,8 @@ ERRATA: tuple[Erratum, ...] = (
               "test_newton.py::test_att2nd1st_is_first_order_neumann_and_truncation_is_second_order")),
     _e("io-theorem2-exponent", _IO, "§4, Theorem 2 (App. A.6)",
        r"$\tilde F^*=-\frac1H\sum_hT\log\sum_i\exp(-\mathbf z^\top\mathbf W_{1,h}^\top\mathbf W_{2,h}\mathbf h_i/T)$",
-       r"$\exp(+\dots/T)$", "counterexample", "only the $+$ sign gives MHA as a gradient step",
+       r"$\exp(+\dots/T)$, the sign the theorem's own conclusion (MHA as one gradient step) needs",
+       "counterexample", "only the $+$ sign gives MHA as a gradient step",
        tests=("test_paper_errors_intrinsic.py::test_theorem2_printed_exponent_sign_is_wrong",),
        status="slip"),
     _e("io-eq20-type", _IO, "App. A.6, eq. 20",
@@ -615,10 +618,13 @@ ERRATA: tuple[Erratum, ...] = (
        status="slip"),
     _e("io-lemma5-constraint", _IO, "App. A.7, Lemma 5",
        r"constraint on $\lVert\mathbf W_{1,h}\mathbf z\rVert$, boundary stated as $\lVert\mathbf z\rVert=\rho$",
-       "one constraint set", "reading", "wording",
+       r"one constraint set, the one on $\lVert\mathbf W_{1,h}\mathbf z\rVert$: its boundary is "
+       r"$\lVert\mathbf W_{1,h}\mathbf z\rVert=\rho$", "reading", "wording",
        status="slip"),
     _e("io-lemma5-stationarity", _IO, "App. A.7, Lemma 5",
-       r"stationarity $\sum_h\mathbf v_h=0$", r"$\sum_h\mathbf W_{1,h}^\top\mathbf v_h=0$",
+       r"stationarity $\sum_h\mathbf v_h=0$",
+       r"$\sum_h\mathbf W_{1,h}^\top\mathbf v_h=0$: the Lemma's own constraints are on $\lVert\mathbf W_{1,h}\mathbf z\rVert$, "
+       r"so their gradients carry $\mathbf W_{1,h}^\top$",
        "counterexample", "the printed condition is neither sufficient nor necessary",
        tests=("test_paper_errors_intrinsic.py::test_lemma5_stationarity_needs_W1_transpose",),
        status="slip"),
@@ -654,7 +660,8 @@ ERRATA: tuple[Erratum, ...] = (
        status="slip"),
     _e("io-small-typos", _IO, "eq. 1, eq. 18",
        r"eq. 1's middle expression omits $1/T$; eq. 18 has $v_i$ and a missing $\nabla$",
-       "typesetting", "reading", "nothing to compute",
+       r"eq. 1's middle expression with its $1/T$; eq. 18 with its $\nabla$", "reading",
+       "eq. 1's expressions read against each other, eq. 18 against the text around it",
        status="slip"),
     # intrinsic optimizers: not errors
     _e("io-rbf-softmax", _IO, "§4 (MHA2nd1st)",
@@ -664,10 +671,10 @@ ERRATA: tuple[Erratum, ...] = (
        tests=("test_helmholtz.py::test_rbf_softmax_is_dot_product_softmax_with_key_norm_bias",)),
     _e("io-sphere-restrictive", _IO, "§4, Theorem 2",
        "the sphere assumption in every head at once", "an assessment (very restrictive), not an error",
-       "reading", "nothing false to compute", status="not an error"),
+       "reading", "a judgement about an assumption, not a formula", status="not an error"),
     _e("io-no-closed-form", _IO, "App. A.7, Lemma 5",
        "“we still cannot obtain a closed-form convergence solution”",
-       "the paper's own statement of a limitation, not an error", "reading", "nothing to compute",
+       "the paper's own statement of a limitation, not an error", "reading", "the paper's own words",
        status="not an error"),
     # ------------------------------------------------------------------ Hyper-SET
     _e("hs-vmf-relu", _HS, "App. A, eq. 15 vs eq. 5",
@@ -705,7 +712,7 @@ ERRATA: tuple[Erratum, ...] = (
               "test_hyperset.py::test_rmsnorm_update_drops_the_jacobian_exactly"),
        chapter="ch09_hyperset", label="ch09-erratum-eq9-jacobian"),
     _e("hs-c1-softmax", _HS, "App. C.1, last line",
-       "one softmax over all heads", "one softmax per head, summed over heads",
+       "one softmax over all heads", "one softmax per head, summed over heads, as in the paper's eq. 7",
        "counterexample", "the single softmax differs from the head sum",
        tests=("test_hyperset.py::test_appendix_c1_single_softmax_over_all_heads_is_not_the_head_sum",),
        chapter="ch09_hyperset", label="ch09-erratum-c1-head-sum",
@@ -769,12 +776,12 @@ ERRATA: tuple[Erratum, ...] = (
     # Hyper-SET: not errors
     _e("hs-elbo", _HS, "eq. 1, App. A, eq. 14", "the factorisation of eq. 14",
        "neither MLE nor an ELBO, but a modelling choice; the KL algebra, the only computation, is correct",
-       "reading", "nothing false to compute", status="not an error"),
+       "reading", "the factorisation read as a modelling choice", status="not an error"),
     _e("hs-dam-half", _HS, "App. B", r"the dense associative memory with a factor $\frac12$",
        "twice Krotov–Hopfield's convention; harmless (same update, same minimisers)",
        "symbolic", "the energy is the classical one; the update is unchanged", status="not an error",
        tests=("test_paper_errors_hyperset.py::test_dam_half_is_the_classical_energy_krotov_has_twice_it",)),
-    _e("hs-infeasible", _HS, "§4.1, eq. 6", "the $H+1$ norm constraints per token (an earlier reading of ours: infeasible)",
+    _e("hs-infeasible", _HS, "§4.1, eq. 6", "the $H+1$ norm constraints per token (which can look infeasible)",
        "overstated: for random bases with $d>H+1$ a feasible point exists; infeasibility needs special "
        "structure such as $\\mathbf W_2=2\\mathbf W_1$",
        "counterexample", "a feasible point to $10^{-12}$; the special case is infeasible", status="not an error",
