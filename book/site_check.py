@@ -404,9 +404,10 @@ MEASURE_JS = r"""
 })()
 """
 
-CODE_JS = r"""
+#: the characters of the theme's monospace that fit on one line of the first ``pre`` under a selector
+_CHARS_JS = r"""
 (function () {
-  var pre = document.querySelector('div.cell_input pre');
+  var pre = document.querySelector('SELECTOR');
   if (!pre) { return null; }
   var probe = document.createElement('span'); probe.textContent = 'x'.repeat(200);
   var saved = pre.innerHTML; pre.innerHTML = ''; pre.appendChild(probe);
@@ -416,19 +417,8 @@ CODE_JS = r"""
   return {char_px: ch, inner_px: inner, chars: Math.floor(inner / ch + 1e-6)};
 })()
 """
-
-COLUMN_JS = r"""
-(function () {
-  var pre = document.querySelector('div.cell_output pre');
-  if (!pre) { return null; }
-  var probe = document.createElement('span'); probe.textContent = 'x'.repeat(200);
-  var saved = pre.innerHTML; pre.innerHTML = ''; pre.appendChild(probe);
-  var ch = probe.getBoundingClientRect().width / 200, cs = getComputedStyle(pre);
-  var inner = pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
-  pre.innerHTML = saved;
-  return {char_px: ch, inner_px: inner, chars: Math.floor(inner / ch + 1e-6)};
-})()
-"""
+CODE_JS = _CHARS_JS.replace("SELECTOR", "div.cell_input pre")      # a code cell's source
+COLUMN_JS = _CHARS_JS.replace("SELECTOR", "div.cell_output pre")   # a cell's text output
 
 
 def chromium() -> str | None:
